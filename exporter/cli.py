@@ -1,0 +1,265 @@
+"""Command line: Go-exporter style flags, each also settable as RESMON_<NAME>."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Sequence
+
+from .backends import BACKEND_CHOICES, BackendError
+from .version import __version__
+
+PROG = "resmon-exporter"
+ENV_PREFIX = "RESMON_"
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class UsageError(Exception):
+    """A bad flag, value or environment variable: one line, exit code 2."""
+
+
+def parse_duration(text: str) -> float:
+    """Go durations ('500ms', '1m30s') or plain seconds ('2.5'), returned in seconds."""
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(value):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(value) or not value:
+            raise ValueError(f"invalid duration {text!r} (examples: 500ms, 1s, 2m)") from None
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError(f"invalid duration {text!r}: must be zero or more")
+    return seconds
+
+
+def _positive_duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError(f"invalid duration {text!r}: must be more than zero")
+    return seconds
+
+
+def _telemetry_path(text: str) -> str:
+    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready") or "?" in text:
+        raise ValueError(f"invalid telemetry path {text!r}: must start with / and not be /, /-/healthy or /-/ready")
+    return text
+
+
+def _listen_address(text: str) -> str:
+    from .web import parse_listen_address
+
+    parse_listen_address(text)
+    return text
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid boolean {text!r} (use true or false)")
+
+
+def _choice(options: Sequence[str]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"invalid choice {text!r} (choose from {', '.join(options)})")
+        return text
+
+    return check
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # without the leading dashes, e.g. "web.listen-address"
+    default: Any
+    convert: Callable[[str], Any]
+    help: str
+    boolean: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace(".", "_").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("web.listen-address", ":9636", _listen_address, "Address to listen on, host:port (':9636' = all interfaces)."),
+    Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
+    Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, gpu-tracker or none."),
+    Flag("collect.cache-ttl", 1.0, parse_duration, "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
+    Flag("collect.timeout", 5.0, _positive_duration, "Longest a refresh may wait for the GPU before reporting it down."),
+    Flag("collector.gpu", True, _bool, "Enable the GPU collector.", boolean=True),
+    Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
+    Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
+    Flag("log.format", "logfmt", _choice(("logfmt", "json")), "Log format: logfmt or json."),
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    web_listen_address: str
+    web_telemetry_path: str
+    gpu_backend: str
+    collect_cache_ttl: float
+    collect_timeout: float
+    collector_gpu: bool
+    collector_host: bool
+    log_level: str
+    log_format: str
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _converter(flag: Flag) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return flag.convert(text)
+        except ValueError as exc:
+            # argparse shows ArgumentTypeError's text as it is
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _shown(default: Any) -> str:
+    return f"{default:g}s" if isinstance(default, float) else str(default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Prometheus exporter for NVIDIA GPU (NVML) and host resources.",
+        allow_abbrev=False,
+    )
+    for flag in FLAGS:
+        help_text = f"{flag.help} [env {flag.env}]"
+        if flag.boolean:
+            parser.add_argument(
+                f"--{flag.name}", dest=flag.dest, action=argparse.BooleanOptionalAction, help=help_text
+            )
+        else:
+            parser.add_argument(
+                f"--{flag.name}", dest=flag.dest, type=_converter(flag), metavar="VALUE",
+                help=f"{help_text} (default {_shown(flag.default)})",
+            )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__} (python {platform.python_version()})")
+    return parser
+
+
+def parse_config(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[Config, list[str]]:
+    """Flags override environment variables, which override defaults. Returns the config
+    and warnings (unknown RESMON_ variables)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for flag in FLAGS:
+        if flag.env in env:
+            try:
+                values[flag.dest] = flag.convert(env[flag.env])
+            except ValueError as exc:
+                raise UsageError(f"{flag.env}: {exc}") from None
+        else:
+            values[flag.dest] = flag.default
+    known = {flag.env for flag in FLAGS}
+    warnings = [
+        f"ignoring unknown environment variable {name}" for name in sorted(env) if name.startswith(ENV_PREFIX) and name not in known
+    ]
+    namespace = build_parser().parse_args(argv)
+    for flag in FLAGS:
+        given = getattr(namespace, flag.dest)
+        if given is not None:
+            values[flag.dest] = given
+    return Config(**values), warnings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, warnings = parse_config(argv)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc} (see --help)", file=sys.stderr)
+        return 2
+    return run(config, warnings)
+
+
+def run(config: Config, warnings: Sequence[str] = ()) -> int:
+    # Imported here so --help and --version stay fast and touch no GPU library.
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+    from prometheus_client.registry import CollectorRegistry
+
+    from . import logs
+    from .collector import ResourceCollector
+    from .monitor import ResourceMonitor
+    from .web import Router, make_server, parse_listen_address
+
+    log = logs.setup(config.log_level, config.log_format)
+    for warning in warnings:
+        log.warning(warning)
+    try:
+        monitor = ResourceMonitor(
+            cache_ttl=config.collect_cache_ttl,
+            collect_timeout=config.collect_timeout,
+            gpu_backend=config.gpu_backend,
+            collect_gpu=config.collector_gpu,
+            collect_host=config.collector_host,
+            logger=log,
+        )
+    except BackendError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+
+    registry = CollectorRegistry()
+    for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(default)
+    registry.register(ResourceCollector(monitor))
+
+    host, port = parse_listen_address(config.web_listen_address)
+    try:
+        server = make_server(host, port, Router(registry, monitor, config.web_telemetry_path), log)
+    except OSError as exc:
+        log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
+        return 1
+
+    bound = server.server_address
+    log.info(
+        "listening",
+        extra=logs.fields(
+            address=f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}",
+            telemetry_path=config.web_telemetry_path,
+            version=__version__,
+            gpu_backend=config.gpu_backend,
+        ),
+    )
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("shutting down", extra=logs.fields(signal=signal.Signals(signum).name))
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # First refresh right away, so /-/ready turns 200 without waiting for a scrape.
+    threading.Thread(target=monitor.snapshot, name="resmon-first-refresh", daemon=True).start()
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        monitor.close()
+    return 0

@@ -1,0 +1,252 @@
+"""prometheus_client custom collector: one snapshot -> the contract's metric families.
+
+Families are built fresh on every collect() (no shared mutable metric objects), so it can
+be registered in any application's CollectorRegistry next to its own metrics.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .monitor import ResourceMonitor
+from .samples import CPU_MODES, THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, Snapshot
+from .version import __version__
+
+GPU_LABELS = ["gpu", "uuid"]
+
+# (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.
+_GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], ...] = (
+    ("resmon_gpu_memory_total_bytes", "Total VRAM in bytes.", lambda g: g.memory_total_bytes),
+    (
+        "resmon_gpu_memory_used_bytes",
+        "VRAM allocated by processes in bytes, driver-reserved memory not included (as nvidia-smi).",
+        lambda g: g.memory_used_bytes,
+    ),
+    ("resmon_gpu_memory_free_bytes", "Free VRAM in bytes.", lambda g: g.memory_free_bytes),
+    (
+        "resmon_gpu_memory_reserved_bytes",
+        "VRAM reserved by the driver and firmware in bytes.",
+        lambda g: g.memory_reserved_bytes,
+    ),
+    (
+        "resmon_gpu_utilization_ratio",
+        "Fraction of the last sample period in which a kernel ran on the GPU (0-1).",
+        lambda g: g.utilization_ratio,
+    ),
+    (
+        "resmon_gpu_memory_utilization_ratio",
+        "Fraction of the last sample period in which device memory was read or written (0-1); bandwidth, not capacity.",
+        lambda g: g.memory_utilization_ratio,
+    ),
+    ("resmon_gpu_temperature_celsius", "GPU core temperature in degrees Celsius.", lambda g: g.temperature_celsius),
+    ("resmon_gpu_power_watts", "Power draw in watts.", lambda g: g.power_watts),
+    ("resmon_gpu_power_limit_watts", "Enforced power limit in watts.", lambda g: g.power_limit_watts),
+    (
+        "resmon_gpu_fan_speed_ratio",
+        "Intended fan speed as a fraction of the maximum (may exceed 1).",
+        lambda g: g.fan_speed_ratio,
+    ),
+    (
+        "resmon_gpu_performance_state",
+        "Performance state, 0 (fastest) to 15.",
+        lambda g: g.performance_state,
+    ),
+    (
+        "resmon_gpu_processes",
+        "Distinct processes in the device's compute and graphics process lists.",
+        lambda g: g.processes,
+    ),
+)
+
+# Every family this collector can emit, with its type: describe() and docs/metrics.md use it.
+FAMILIES: dict[str, str] = {
+    "resmon_gpu_info": "gauge",
+    "resmon_gpu_up": "gauge",
+    **{name: "gauge" for name, _, _ in _GPU_GAUGES},
+    "resmon_gpu_energy_joules_total": "counter",
+    "resmon_gpu_clock_hertz": "gauge",
+    "resmon_gpu_clock_max_hertz": "gauge",
+    "resmon_gpu_throttle_active": "gauge",
+    "resmon_cpu_utilization_ratio": "gauge",
+    "resmon_cpu_seconds_total": "counter",
+    "resmon_cpu_logical_cores": "gauge",
+    "resmon_load1": "gauge",
+    "resmon_load5": "gauge",
+    "resmon_load15": "gauge",
+    "resmon_memory_total_bytes": "gauge",
+    "resmon_memory_available_bytes": "gauge",
+    "resmon_memory_used_bytes": "gauge",
+    "resmon_swap_total_bytes": "gauge",
+    "resmon_swap_used_bytes": "gauge",
+    "resmon_build_info": "gauge",
+    "resmon_gpu_backend_info": "gauge",
+    "resmon_gpu_devices": "gauge",
+    "resmon_collector_success": "gauge",
+    "resmon_collector_duration_seconds": "gauge",
+    "resmon_last_refresh_timestamp_seconds": "gauge",
+}
+
+
+def _gpu_labels(g: GpuSample) -> list[str]:
+    return [str(g.identity.index), g.identity.uuid]
+
+
+def gpu_families(snap: Snapshot) -> Iterator[Metric]:
+    reading = snap.gpu
+    if reading is None:
+        return
+    devices = reading.devices
+    up_devices = [g for g in devices if g.up]
+
+    info = GaugeMetricFamily(
+        "resmon_gpu_info",
+        "GPU identity, value 1.",
+        labels=GPU_LABELS + ["name", "pci_bus_id", "driver_version", "backend"],
+    )
+    up = GaugeMetricFamily(
+        "resmon_gpu_up",
+        "1 when the GPU answered in the latest refresh, 0 when it is lost, failing or timed out.",
+        labels=GPU_LABELS,
+    )
+    for g in devices:
+        ident = g.identity
+        info.add_metric(
+            _gpu_labels(g) + [ident.name, ident.pci_bus_id, reading.driver_version, reading.backend], 1
+        )
+        up.add_metric(_gpu_labels(g), 1 if g.up else 0)
+    yield info
+    yield up
+
+    for name, doc, get in _GPU_GAUGES:
+        family = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
+        for g in up_devices:
+            value = get(g)
+            if value is not None:
+                family.add_metric(_gpu_labels(g), value)
+        yield family
+
+    energy = CounterMetricFamily(
+        "resmon_gpu_energy_joules",
+        "Energy consumed since the driver was loaded, in joules (resets on driver reload).",
+        labels=GPU_LABELS,
+    )
+    clock = GaugeMetricFamily("resmon_gpu_clock_hertz", "Current clock in hertz.", labels=GPU_LABELS + ["clock"])
+    clock_max = GaugeMetricFamily(
+        "resmon_gpu_clock_max_hertz", "Maximum clock in hertz.", labels=GPU_LABELS + ["clock"]
+    )
+    throttle = GaugeMetricFamily(
+        "resmon_gpu_throttle_active",
+        "1 when the clock-event (throttle) reason is active.",
+        labels=GPU_LABELS + ["reason"],
+    )
+    for g in up_devices:
+        labels = _gpu_labels(g)
+        if g.energy_joules is not None:
+            energy.add_metric(labels, g.energy_joules)
+        for kind, hertz in g.clock_hertz:
+            clock.add_metric(labels + [kind], hertz)
+        for kind, hertz in g.identity.clock_max_hertz:
+            clock_max.add_metric(labels + [kind], hertz)
+        if g.throttle_reasons is not None:
+            for reason, bit in THROTTLE_REASONS:
+                throttle.add_metric(labels + [reason], 1 if g.throttle_reasons & bit else 0)
+    yield energy
+    yield clock
+    yield clock_max
+    yield throttle
+
+    backend = GaugeMetricFamily(
+        "resmon_gpu_backend_info", "The GPU backend in use, value 1.", labels=["backend"]
+    )
+    backend.add_metric([reading.backend], 1)
+    yield backend
+    yield GaugeMetricFamily("resmon_gpu_devices", "GPUs the backend reports.", value=reading.device_count)
+
+
+def host_families(host: HostSample | None) -> Iterator[Metric]:
+    if host is None:
+        return
+    yield GaugeMetricFamily(
+        "resmon_cpu_utilization_ratio",
+        "Busy fraction of all logical CPUs (not idle, iowait or steal) between the previous refresh and this one.",
+        value=host.cpu_utilization_ratio,
+    )
+    seconds = CounterMetricFamily(
+        "resmon_cpu_seconds", "CPU time spent in each mode, summed over all CPUs.", labels=["mode"]
+    )
+    for mode, value in host.cpu_seconds:
+        seconds.add_metric([mode], value)
+    yield seconds
+    yield GaugeMetricFamily("resmon_cpu_logical_cores", "Logical CPUs.", value=host.logical_cores)
+    yield GaugeMetricFamily("resmon_load1", "1-minute load average.", value=host.load1)
+    yield GaugeMetricFamily("resmon_load5", "5-minute load average.", value=host.load5)
+    yield GaugeMetricFamily("resmon_load15", "15-minute load average.", value=host.load15)
+    yield GaugeMetricFamily("resmon_memory_total_bytes", "MemTotal in bytes.", value=host.memory_total_bytes)
+    yield GaugeMetricFamily(
+        "resmon_memory_available_bytes", "MemAvailable in bytes.", value=host.memory_available_bytes
+    )
+    yield GaugeMetricFamily(
+        "resmon_memory_used_bytes", "MemTotal - MemAvailable in bytes.", value=host.memory_used_bytes
+    )
+    yield GaugeMetricFamily("resmon_swap_total_bytes", "Swap size in bytes.", value=host.swap_total_bytes)
+    yield GaugeMetricFamily("resmon_swap_used_bytes", "Swap in use in bytes.", value=host.swap_used_bytes)
+
+
+def exporter_families(snap: Snapshot) -> Iterator[Metric]:
+    build = GaugeMetricFamily(
+        "resmon_build_info", "resmon-exporter build, value 1.", labels=["version", "python_version"]
+    )
+    build.add_metric([__version__, platform.python_version()], 1)
+    yield build
+
+    statuses: list[tuple[str, CollectorStatus]] = []
+    if snap.gpu_status is not None:
+        statuses.append(("gpu", snap.gpu_status))
+    if snap.host_status is not None:
+        statuses.append(("host", snap.host_status))
+    success = GaugeMetricFamily(
+        "resmon_collector_success", "1 when the collector's latest refresh succeeded.", labels=["collector"]
+    )
+    duration = GaugeMetricFamily(
+        "resmon_collector_duration_seconds", "How long the collector's latest refresh took.", labels=["collector"]
+    )
+    stamp = GaugeMetricFamily(
+        "resmon_last_refresh_timestamp_seconds",
+        "Unix time of the refresh whose values this scrape serves (shows cache age).",
+        labels=["collector"],
+    )
+    for name, status in statuses:
+        success.add_metric([name], 1 if status.success else 0)
+        duration.add_metric([name], status.duration_seconds)
+        stamp.add_metric([name], status.timestamp_seconds)
+    yield success
+    yield duration
+    yield stamp
+
+
+def snapshot_families(snap: Snapshot) -> Iterator[Metric]:
+    yield from gpu_families(snap)
+    yield from host_families(snap.host)
+    yield from exporter_families(snap)
+
+
+class ResourceCollector(Collector):
+    """Register with registry.register(ResourceCollector(monitor))."""
+
+    def __init__(self, monitor: ResourceMonitor) -> None:
+        self._monitor = monitor
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only, so registering touches no GPU and ?name[]= filtering works.
+        for name, kind in FAMILIES.items():
+            if kind == "counter":
+                yield CounterMetricFamily(name, "")
+            else:
+                yield GaugeMetricFamily(name, "")
+
+    def collect(self) -> Iterable[Metric]:
+        return list(snapshot_families(self._monitor.snapshot()))

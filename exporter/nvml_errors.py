@@ -1,0 +1,97 @@
+"""The one place that turns NVML errors into what the exporter does about them.
+
+Every NVML call of the backend goes through call(): a value the device does not support
+comes back as None, a symbol the driver lacks raises Missing (the caller may fall back to
+an older call), a device fault raises DeviceDown, and a library-wide fault raises
+BackendDown (re-initialise later).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import pynvml
+
+T = TypeVar("T")
+
+
+class Missing(Exception):
+    """The driver or binding lacks this call (old driver): try an older one, else absent."""
+
+
+class DeviceDown(Exception):
+    """The device did not answer: it is reported with resmon_gpu_up 0."""
+
+    def __init__(self, code: int | None, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class BackendDown(Exception):
+    """NVML as a whole is unusable: not loaded, not initialised, driver mismatch."""
+
+    def __init__(self, code: int | None, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+# Value not available on this device: leave the series out, the device stays up.
+ABSENT_CODES = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_NOT_FOUND,
+        getattr(pynvml, "NVML_ERROR_NO_DATA", 21),
+    }
+)
+# The binding is newer than the driver: a fallback call may exist.
+MISSING_CODES = frozenset(
+    {
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        getattr(pynvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25),
+    }
+)
+# The library as a whole is gone or was never usable.
+BACKEND_CODES = frozenset(
+    {
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    }
+)
+# Everything else (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN, TIMEOUT, INVALID_ARGUMENT for a
+# handle that vanished, ...) means the device is down.
+
+
+def describe(exc: BaseException) -> str:
+    """A short text for logs: NVML's own message, never a traceback."""
+    try:
+        return str(exc)
+    except Exception:  # str() of NVMLError may call into the library
+        return exc.__class__.__name__
+
+
+def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """Run one NVML query and classify its failure; see the module docstring."""
+    try:
+        return fn(*args, **kwargs)
+    except pynvml.NVMLLibraryMismatchError as exc:  # not an NVMLError: old driver, no _v3
+        raise Missing(describe(exc)) from None
+    except pynvml.NVMLError as exc:
+        code = exc.value
+        if code in ABSENT_CODES:
+            return None
+        if code in MISSING_CODES:
+            raise Missing(describe(exc)) from None
+        if code in BACKEND_CODES:
+            raise BackendDown(code, describe(exc)) from None
+        raise DeviceDown(code, describe(exc)) from None
+    except Exception as exc:  # garbage from the driver (undecodable name, ...): that device only
+        raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
+
+
+def init_error(exc: BaseException) -> BackendDown:
+    """Classify a failure of nvmlInit: whatever it is, the backend is unusable for now."""
+    code = exc.value if isinstance(exc, pynvml.NVMLError) else None
+    return BackendDown(code, describe(exc))

@@ -1,0 +1,119 @@
+"""Immutable readings in base units: what a refresh produces and every consumer reads.
+
+Nothing here knows about NVML, psutil or Prometheus; a value of None means the device or
+host did not report it (unsupported), which the collector turns into a missing series.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CLOCK_TYPES: tuple[str, ...] = ("graphics", "sm", "memory", "video")
+
+# Clock-event (throttle) reason bits, in the contract's label spelling.
+THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x001),
+    ("applications_clocks_setting", 0x002),
+    ("sw_power_cap", 0x004),
+    ("hw_slowdown", 0x008),
+    ("sync_boost", 0x010),
+    ("sw_thermal_slowdown", 0x020),
+    ("hw_thermal_slowdown", 0x040),
+    ("hw_power_brake_slowdown", 0x080),
+    ("display_clock_setting", 0x100),
+)
+
+CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Static facts of one device, read once."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    clock_max_hertz: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One device in one refresh. When up is False only the identity is meaningful."""
+
+    identity: GpuIdentity
+    up: bool
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_ratio: float | None = None
+    memory_utilization_ratio: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    fan_speed_ratio: float | None = None
+    clock_hertz: tuple[tuple[str, float], ...] = ()
+    performance_state: int | None = None
+    throttle_reasons: int | None = None  # bitmask of THROTTLE_REASONS
+    processes: int | None = None  # distinct PIDs in the compute and graphics lists
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """What the GPU backend reported in one refresh."""
+
+    backend: str  # "nvml", "gpu-tracker" or "none"
+    success: bool
+    device_count: int = 0
+    driver_version: str = ""
+    devices: tuple[GpuSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Host CPU and memory, node_exporter semantics."""
+
+    cpu_utilization_ratio: float
+    cpu_seconds: tuple[tuple[str, float], ...]
+    logical_cores: int
+    load1: float
+    load5: float
+    load15: float
+    memory_total_bytes: int
+    memory_available_bytes: int
+    swap_total_bytes: int
+    swap_used_bytes: int
+
+    @property
+    def memory_used_bytes(self) -> int:
+        return self.memory_total_bytes - self.memory_available_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """Outcome of one subsystem's latest refresh."""
+
+    success: bool
+    duration_seconds: float
+    timestamp_seconds: float  # Unix time the values were read
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One refresh of every enabled subsystem; None where a collector is disabled."""
+
+    gpu: GpuReading | None
+    gpu_status: CollectorStatus | None
+    host: HostSample | None
+    host_status: CollectorStatus | None
+    taken_monotonic: float
+
+    def gpu_by_index(self, index: int) -> GpuSample | None:
+        if self.gpu is None:
+            return None
+        for device in self.gpu.devices:
+            if device.identity.index == index:
+                return device
+        return None

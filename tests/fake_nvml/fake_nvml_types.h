@@ -1,0 +1,97 @@
+/* Minimal NVML declarations for building the fake without NVIDIA's nvml.h.
+ * Layouts follow shared/reference/nvml.md section 5; fake_nvml.c checks them with
+ * _Static_assert, and the build against the official header (when the
+ * nvidia-nvml-dev wheel installs) proves the prototypes. */
+#ifndef FAKE_NVML_TYPES_H
+#define FAKE_NVML_TYPES_H
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+typedef int nvmlClockType_t;
+typedef int nvmlTemperatureSensors_t;
+typedef int nvmlPstates_t;
+typedef int nvmlEnableState_t;
+typedef int nvmlComputeMode_t;
+typedef int nvmlMemoryErrorType_t;
+typedef int nvmlEccCounterType_t;
+typedef int nvmlDriverModel_t;
+typedef int nvmlPcieUtilCounter_t;
+typedef int nvmlBrandType_t;
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
+#define NVML_ERROR_UNKNOWN 999
+
+typedef struct nvmlPciInfo_st {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct nvmlMemory_st {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+#define nvmlMemory_v2 (unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24U))
+
+typedef struct nvmlUtilization_st {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+typedef struct {
+    unsigned int version;
+    nvmlTemperatureSensors_t sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+typedef nvmlTemperature_v1_t nvmlTemperature_t;
+#define nvmlTemperature_v1 (unsigned int)(sizeof(nvmlTemperature_v1_t) | (1 << 24U))
+
+typedef struct nvmlProcessInfo_v2_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t, nvmlProcessInfo_t;
+
+typedef struct nvmlProcessUtilizationSample_st {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+typedef struct nvmlBAR1Memory_st {
+    unsigned long long bar1Total;
+    unsigned long long bar1Free;
+    unsigned long long bar1Used;
+} nvmlBAR1Memory_t;
+
+typedef struct nvmlConfComputeMemSizeInfo_st {
+    unsigned long long protectedMemSizeKib;
+    unsigned long long unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
+typedef struct nvmlProcessDetailList_st nvmlProcessDetailList_t; /* opaque here */
+
+#endif
