@@ -1,0 +1,239 @@
+"""Test rig: build the fake libnvidia-ml.so.1, describe machines for it, run the real exporter.
+
+The fake (fake_nvml/fake_nvml.c) reads the scenario file named by $FAKE_NVML_SCENARIO and
+re-reads it whenever it changes. Keys (all optional):
+
+    init=<rc>                      return code of nvmlInit (9 = driver not loaded)
+    count=<n>                      number of GPUs (default 1)
+    driver_version=, nvml_version=, cuda_version=
+    rc.<symbol>=<rc>               return code of an NVML symbol for every device
+    delay_ms.<symbol>=<ms>         sleep before answering (a wedged driver)
+    gpu.<i>.<field>=<value>        name uuid pci_bus_id serial memory_total memory_used
+                                   memory_reserved util_gpu util_memory temperature power_mw
+                                   power_limit_mw energy_mj fan num_fans pstate
+                                   clocks_event_reasons clock.<graphics|sm|memory|video>
+                                   max_clock.<...> processes=pid:bytes,... graphics_processes=...
+    gpu.<i>.rc.<symbol>=<rc>       per-device return code (rc.all: every call on that device;
+                                   rc.nvmlDeviceGetHandleByIndex_v2: lost at handle)
+    gpu.<i>.delay_ms.<symbol>=<ms>
+
+With $FAKE_NVML_TRACE set, every call appends "<symbol> <device index>" to that file.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+FAKE_SOURCE = TESTS / "fake_nvml" / "fake_nvml.c"
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+def nvml_header_dir() -> Path | None:
+    """Include directory of the official nvml.h from the nvidia-nvml-dev wheel, if installed."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        for header in sorted(Path(location).glob("*/include/nvml.h")):
+            return header.parent
+    return None
+
+
+def build_fake(out_dir: Path, *, old_driver: bool = False, header_dir: Path | None = None) -> Path:
+    """Compile the fake into out_dir/libnvidia-ml.so.1 and return out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = ["-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
+    if old_driver:
+        flags.append("-DFAKE_OLD_DRIVER")
+    if header_dir is not None:
+        flags += ["-DFAKE_WITH_NVML_H", f"-I{header_dir}"]
+    cmd = ["gcc", *flags, "-o", str(out_dir / "libnvidia-ml.so.1"), str(FAKE_SOURCE), "-lpthread"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the fake NVML failed:\n{' '.join(cmd)}\n{result.stderr}")
+    return out_dir
+
+
+class Scenario:
+    """The machine the fake pretends to be. write() replaces it atomically (rename), so a
+    running exporter sees either the old or the new machine, never half of one."""
+
+    def __init__(self, path: Path, values: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.values: dict[str, Any] = {}
+        self.write(values or {})
+
+    def write(self, values: dict[str, Any]) -> None:
+        self.values = dict(values)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(f"{key}={value}\n" for key, value in self.values.items()))
+        os.replace(tmp, self.path)
+
+    def update(self, **changes: Any) -> None:
+        """update(**{"gpu.1.rc.all": 15}); a value of None removes the key."""
+        values = dict(self.values)
+        for key, value in changes.items():
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+        self.write(values)
+
+
+def gpu_keys(index: int, **fields: Any) -> dict[str, Any]:
+    return {f"gpu.{index}.{key.replace('__', '.')}": value for key, value in fields.items()}
+
+
+class Trace:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[tuple[str, int]]:
+        if not self.path.exists():
+            return []
+        out = []
+        for line in self.path.read_text().splitlines():
+            symbol, _, index = line.partition(" ")
+            out.append((symbol, int(index)))
+        return out
+
+    def count(self, symbol: str, device: int | None = None) -> int:
+        return sum(1 for s, i in self.lines() if s == symbol and (device is None or i == device))
+
+    def counts(self) -> collections.Counter[str]:
+        return collections.Counter(s for s, _ in self.lines())
+
+    def clear(self) -> None:
+        self.path.write_text("")
+
+
+class Scrape:
+    """A parsed /metrics response."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples: dict[str, list[tuple[dict[str, str], float]]] = collections.defaultdict(list)
+        for family in self.families.values():
+            for sample in family.samples:
+                self.samples[sample.name].append((dict(sample.labels), sample.value))
+
+    def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        return [(l, v) for l, v in self.samples.get(name, []) if all(l.get(k) == w for k, w in labels.items())]
+
+    def value(self, name: str, **labels: str) -> float:
+        found = self.series(name, **labels)
+        if len(found) != 1:
+            raise AssertionError(f"{name}{labels}: expected one series, found {found}")
+        return found[0][1]
+
+    def has(self, name: str, **labels: str) -> bool:
+        return bool(self.series(name, **labels))
+
+
+class Exporter:
+    """The real CLI as a subprocess on a loopback port picked by the kernel."""
+
+    def __init__(self, args: Iterable[str], env: dict[str, str], command: list[str] | None = None) -> None:
+        cmd = (command or [sys.executable, "-m", "exporter"]) + ["--web.listen-address=127.0.0.1:0", *args]
+        self.proc = subprocess.Popen(
+            cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.stderr_lines: list[str] = []
+        self.port: int | None = None
+        self._listening = threading.Event()
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+            match = re.search(r"msg=listening address=\S*:(\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                self._listening.set()
+        self._listening.set()
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.stderr_lines)
+
+    def wait_listening(self, timeout: float = 30.0) -> "Exporter":
+        if not self._listening.wait(timeout) or self.port is None:
+            raise AssertionError(f"exporter did not start listening; stderr:\n{self.stderr}")
+        return self
+
+    def request(
+        self, path: str, method: str = "GET", headers: dict[str, str] | None = None, timeout: float = 30.0
+    ) -> tuple[int, dict[str, str], bytes]:
+        assert self.port is not None
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def scrape(self, path: str = "/metrics") -> Scrape:
+        status, _, body = self.request(path)
+        assert status == 200, (status, body[:300])
+        return Scrape(body.decode())
+
+    def wait_for(self, predicate: Any, timeout: float = 20.0, interval: float = 0.2) -> Scrape:
+        """Scrape until predicate(scrape) is true; bounded."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.scrape()
+            if predicate(last):
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"condition not met within {timeout}s; last scrape:\n{last.text if last else ''}")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.request("/-/ready")[0] == 200:
+                return
+            time.sleep(0.05)
+        raise AssertionError("exporter never became ready")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._reader.join(5)
+        return self.proc.returncode
+
+
+def nvml_env(lib_dir: Path | None, scenario: Scenario | None, trace: Trace | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESMON_", "FAKE_NVML_"))}
+    env["LD_LIBRARY_PATH"] = str(lib_dir) if lib_dir is not None else ""
+    if scenario is not None:
+        env["FAKE_NVML_SCENARIO"] = str(scenario.path)
+    if trace is not None:
+        env["FAKE_NVML_TRACE"] = str(trace.path)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
