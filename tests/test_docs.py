@@ -1,0 +1,65 @@
+"""docs/metrics.md, the collector and a real scrape must agree; README and CI too."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from exporter.collector import FAMILIES
+from fakenvml import REPO
+from scenarios import three_gpus
+
+DOC = REPO / "docs" / "metrics.md"
+SPEC = REPO.parent / "shared" / "spec" / "metrics.md"
+
+
+def doc_rows() -> dict[str, tuple[str, set[str]]]:
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`resmon_"):
+            labels = set(re.findall(r"`([a-z_]+)`", cells[2]))
+            rows[cells[0].strip("`")] = (cells[1], labels)
+    return rows
+
+
+def test_docs_list_exactly_the_collectors_families():
+    rows = doc_rows()
+    assert set(rows) == set(FAMILIES)
+    for name, (kind, _) in rows.items():
+        assert kind == FAMILIES[name], name
+
+
+def test_docs_match_a_full_scrape(run_exporter, scenario):
+    scenario.write(three_gpus())
+    s = run_exporter().scrape()
+    served = {name for name in s.samples if name.startswith("resmon_")}
+    rows = doc_rows()
+    assert served == set(rows), served ^ set(rows)
+    for name, (kind, labels) in rows.items():
+        family = s.families[name[: -len("_total")] if kind == "counter" else name]
+        assert family.type == kind, name
+        for sample_labels, _ in s.series(name):
+            assert set(sample_labels) == labels, (name, sample_labels)
+
+
+def test_docs_cover_the_contract():
+    if not SPEC.exists():
+        pytest.skip(f"contract not found at {SPEC}")
+    contract = set()
+    for line in SPEC.read_text().splitlines():
+        first = line.strip().strip("|").split("|")[0]
+        contract |= set(re.findall(r"`(resmon_[a-z0-9_]+)`", first))
+    assert contract, "no families parsed from the contract"
+    assert contract <= set(doc_rows()), contract - set(doc_rows())
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    match = re.search(r"<!-- test-command -->\s*```(?:sh|bash)?\n(.+?)\n```", readme, re.S)
+    assert match, "README must mark its test command with <!-- test-command -->"
+    command = match.group(1).strip()
+    assert command in ci.splitlines()
