@@ -99,7 +99,7 @@ class ResourceMonitor:
         self._ttl = cache_ttl
         self._timeout = collect_timeout
         self._log = logger or logging.getLogger(LOGGER_NAME)
-        self._backend: GpuBackend | None = make_backend(gpu_backend, self._log) if collect_gpu else None
+        self._backend: GpuBackend | None = make_backend(gpu_backend, self._log, collect_timeout) if collect_gpu else None
         self._gpu_worker = _Worker(self._read_gpu, "resmon-gpu") if self._backend else None
         self._host = HostReader() if collect_host else None
         self._cond = threading.Condition()

@@ -36,7 +36,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
         (["--web.telemetry-path=/-/ready"], {}, "invalid telemetry path"),
         ([], {"RESMON_COLLECT_TIMEOUT": "abc"}, "RESMON_COLLECT_TIMEOUT: invalid duration 'abc'"),
         ([], {"RESMON_COLLECTOR_GPU": "maybe"}, "RESMON_COLLECTOR_GPU: invalid boolean 'maybe'"),
-        (["--gpu.backend=gpu-tracker"], {}, "gpu-tracker is not available in this release"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, env, needle):

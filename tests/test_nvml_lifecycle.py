@@ -60,12 +60,32 @@ def test_driver_not_loaded_then_loaded(run_exporter, scenario, trace):
     assert trace.count("nvmlInitWithFlags") == successful_inits
 
 
-def test_explicit_nvml_without_library_reports_failure(run_exporter, tmp_path, scenario):
+def test_explicit_nvml_that_cannot_work_is_a_startup_error(fake_libs, tmp_path, scenario):
+    import subprocess
+    import sys
+
+    from fakenvml import REPO, nvml_env
+
     empty = tmp_path / "none"
     empty.mkdir()
-    s = run_exporter("--gpu.backend=nvml", lib=empty).scrape()
+    for lib_dir, needle in ((empty, "NVML Shared Library Not Found"), (fake_libs["current"], "Driver Not Loaded")):
+        scenario.write({"init": DRIVER_NOT_LOADED})
+        result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=nvml"], env=nvml_env(lib_dir, scenario),
+                                cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--gpu.backend=nvml: NVML cannot be initialised" in lines[0] and needle in lines[0]
+
+
+def test_explicit_nvml_that_fails_later_reports_failure(run_exporter, scenario):
+    scenario.write(three_gpus())
+    exporter = run_exporter("--gpu.backend=nvml", "--collect.cache-ttl=0")
+    assert exporter.scrape().value("resmon_collector_success", collector="gpu") == 1
+    scenario.update(**{"rc.nvmlDeviceGetCount_v2": 1})  # UNINITIALIZED: the driver went away
+    s = exporter.scrape()
     assert s.value("resmon_gpu_backend_info", backend="nvml") == 1
     assert s.value("resmon_collector_success", collector="gpu") == 0
+    assert {v for _, v in s.series("resmon_gpu_up")} == {0.0}
     assert host_flowing(s)
 
 

@@ -38,16 +38,24 @@ class NoGpuBackend:
         pass
 
 
-def make_backend(choice: str, log: logging.Logger) -> GpuBackend:
-    """Build the backend for --gpu.backend; BackendError for one that cannot work."""
+def make_backend(choice: str, log: logging.Logger, timeout: float = 5.0) -> GpuBackend:
+    """Build the backend for --gpu.backend. An explicit choice that cannot work now raises
+    BackendError (a startup error); auto never does."""
     if choice == "none":
         return NoGpuBackend()
-    if choice in ("auto", "nvml"):
-        from .nvml import NvmlBackend  # imports pynvml only when NVML is wanted
+    if choice == "auto":
+        from .auto import AutoBackend  # imports pynvml; gpu-tracker only if it is ever needed
 
-        return NvmlBackend(log, explicit=choice == "nvml")
+        return AutoBackend(log, timeout)
+    if choice == "nvml":
+        from .nvml import NvmlBackend
+
+        backend = NvmlBackend(log, explicit=True)
+        if not backend.try_init():
+            raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
+        return backend
     if choice == "gpu-tracker":
-        raise BackendError(
-            "--gpu.backend=gpu-tracker is not available in this release; use auto, nvml or none"
-        )
+        from .gpu_tracker import explicit_backend
+
+        return explicit_backend(log, timeout)
     raise BackendError(f"unknown GPU backend {choice!r}; choose one of {', '.join(BACKEND_CHOICES)}")

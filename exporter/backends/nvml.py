@@ -100,6 +100,7 @@ class NvmlBackend:
         self._initialised = False
         self._ever_initialised = False
         self._init_failures = 0
+        self.last_error = ""
         self._driver_version = ""
         self._handles: dict[int, Any] = {}
         self._identities: dict[int, GpuIdentity] = {}  # every device seen since start
@@ -167,10 +168,19 @@ class NvmlBackend:
         self._log.info("NVML initialised", extra=fields(driver_version=self._driver_version or "unknown"))
         return True
 
+    def device_count(self) -> int:
+        """Devices NVML enumerates now; 0 when it cannot say."""
+        try:
+            return nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
+        except (BackendDown, DeviceDown) as err:
+            self.last_error = str(err)
+            return 0
+
     def _init_failed(self, err: BackendDown, now: float) -> None:
         self._init_failures += 1
+        self.last_error = str(err)
         self._next_attempt = now + self._backoff
-        if self._init_failures == 1:
+        if self._init_failures == 1 and not self._explicit:
             self._log.warning(
                 "NVML not available; serving host metrics and retrying with backoff",
                 extra=fields(error=str(err), retry_in_seconds=round(self._backoff, 3)),

@@ -1,0 +1,86 @@
+"""--gpu.backend=auto: NVML when it initialises and sees a GPU; else gpu-tracker when its
+extra is installed and nvidia-smi or amd-smi answers; else none.
+
+NVML keeps being retried (with the NVML backend's backoff) while another backend serves,
+so a host that booted before its driver was loaded picks NVML up later. Once NVML has
+seen a GPU the choice is final: later NVML faults show as GPUs down, not as a switch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..logs import fields
+from ..samples import GpuReading
+from . import NoGpuBackend
+from .gpu_tracker import GpuTrackerBackend, detect_vendor, extra_installed
+from .nvml import NvmlBackend
+
+_CLI_RETRY_MIN, _CLI_RETRY_MAX = 30.0, 600.0
+
+
+class AutoBackend:
+    def __init__(self, log: logging.Logger, timeout: float) -> None:
+        self._log = log
+        self._timeout = timeout
+        self._nvml = NvmlBackend(log)
+        self._nvml_final = False
+        self._fallback: GpuTrackerBackend | NoGpuBackend | None = None
+        self._cli_retry_at = 0.0
+        self._cli_backoff = _CLI_RETRY_MIN
+        self._announced = ""
+
+    @property
+    def name(self) -> str:
+        return "nvml" if self._nvml_final else (self._fallback.name if self._fallback else "none")
+
+    def read(self) -> GpuReading:
+        if self._nvml_final or self._nvml_has_gpus():
+            return self._nvml.read()
+        fallback = self._choose_fallback()
+        return fallback.read()
+
+    def _nvml_has_gpus(self) -> bool:
+        if not self._nvml.try_init():
+            return False
+        count = self._nvml.device_count()
+        if count:
+            self._nvml_final = True
+            self._announce("nvml", f"NVML sees {count} GPU(s)")
+        return bool(count)
+
+    def _choose_fallback(self) -> GpuTrackerBackend | NoGpuBackend:
+        if isinstance(self._fallback, GpuTrackerBackend):
+            return self._fallback
+        now = time.monotonic()
+        if self._fallback is not None and now < self._cli_retry_at:
+            return self._fallback
+        skipped = [f"nvml: {self._nvml.last_error or 'no GPU'}"]
+        if extra_installed():
+            vendor, reasons = detect_vendor(self._timeout)
+            if vendor is not None:
+                self._fallback = GpuTrackerBackend(self._log, vendor, self._timeout)
+                self._announce("gpu-tracker", f"{vendor} CLI answers", skipped)
+                return self._fallback
+            skipped.append("gpu-tracker: " + "; ".join(reasons))
+            # the CLIs are probed again later, but rarely: a hung bare nvidia-smi costs a timeout
+            self._cli_retry_at = now + self._cli_backoff
+            self._cli_backoff = min(self._cli_backoff * 2, _CLI_RETRY_MAX)
+        else:
+            skipped.append("gpu-tracker: extra not installed")
+        self._fallback = NoGpuBackend()
+        self._announce("none", "no GPU backend usable", skipped)
+        return self._fallback
+
+    def _announce(self, backend: str, why: str, skipped: list[str] | None = None) -> None:
+        if self._announced == backend:
+            return
+        self._announced = backend
+        self._log.info(
+            "GPU backend selected",
+            extra=fields(backend=backend, reason=why, skipped=" | ".join(skipped or []) or "-"),
+        )
+
+    def close(self) -> None:
+        self._nvml.close()

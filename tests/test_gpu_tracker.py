@@ -1,0 +1,309 @@
+"""The gpu-tracker backend with fake nvidia-smi / amd-smi scripts on PATH, and --gpu.backend=auto."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fakenvml import REPO, Exporter, Scrape, nvml_env
+from scenarios import three_gpus
+
+FAKE_SMI = Path(__file__).parent / "fake_smi" / "fake_smi.py"
+MIB = 1048576
+
+NVIDIA_TWO = {
+    "gpus": [
+        {"uuid": "GPU-11111111-2222-3333-4444-000000000000", "total_mib": 81559, "used_mib": 20480, "util": 87},
+        {"uuid": "GPU-11111111-2222-3333-4444-000000000001", "total_mib": 40960, "used_mib": 1024, "util": 3},
+    ]
+}
+AMD_TWO = {
+    "gpus": [
+        {"uuid": "b2ff7400-0000-1000-80f6-6b71f7d7d1e2", "total_mib": 196592, "used_mib": 1600, "util": 75},
+        {"uuid": "b2ff7400-0000-1000-80f6-6b71f7d7d1e3", "total_mib": 196592, "used_mib": 300, "util": 0},
+    ]
+}
+
+
+class Smi:
+    """A bin directory with fake vendor CLIs and the machine they describe."""
+
+    def __init__(self, root: Path) -> None:
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.scenario = root / "smi.json"
+        self.trace = root / "smi-trace.txt"
+        self.write({})
+
+    def install(self, *tools: str) -> "Smi":
+        for tool in tools:
+            (self.bin / tool).symlink_to(FAKE_SMI)
+        return self
+
+    def write(self, machine: dict) -> None:
+        tmp = self.scenario.with_suffix(".tmp")
+        tmp.write_text(json.dumps(machine))
+        os.replace(tmp, self.scenario)
+
+    def calls(self, needle: str = "") -> list[str]:
+        return [l for l in self.trace.read_text().splitlines() if needle in l] if self.trace.exists() else []
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        return {**base, "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                "FAKE_SMI_SCENARIO": str(self.scenario), "FAKE_SMI_TRACE": str(self.trace)}
+
+
+@pytest.fixture
+def smi(tmp_path: Path) -> Smi:
+    return Smi(tmp_path)
+
+
+@pytest.fixture
+def start(fake_libs, scenario, trace, tmp_path):
+    started: list[Exporter] = []
+
+    def run(smi: Smi, *args: str, nvml: bool = False, extra_env: dict | None = None) -> Exporter:
+        lib = fake_libs["current"] if nvml else tmp_path / "no-nvml"
+        lib.mkdir(exist_ok=True)
+        env = smi.env(nvml_env(lib, scenario, trace))
+        env.update(extra_env or {})
+        exporter = Exporter(args, env)
+        started.append(exporter)
+        return exporter.wait_listening()
+
+    yield run
+    for e in started:
+        e.stop()
+
+
+def no_gpu_tracker_env(tmp_path: Path) -> dict[str, str]:
+    """PYTHONPATH with a sitecustomize that hides gpu_tracker, as if the extra were not installed."""
+    hide = tmp_path / "hide-extra"
+    hide.mkdir(exist_ok=True)
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['gpu_tracker'] = None\n")
+    return {"PYTHONPATH": str(hide)}
+
+
+# -- contract: the private API this backend relies on ------------------------------------
+
+
+def test_gpu_tracker_private_api_contract():
+    import gpu_tracker
+    from gpu_tracker import _helper_classes as gt
+
+    major, minor, patch = (int(p) for p in gpu_tracker.__version__.split(".")[:3])
+    assert (5, 0, 1) <= (major, minor, patch) < (6, 0, 0), gpu_tracker.__version__
+    assert gt._NvidiaQuerier.command == "nvidia-smi" and gt._AMDQuerier.command == "amd-smi"
+    for querier in (gt._NvidiaQuerier, gt._AMDQuerier):
+        assert issubclass(querier, gt._GPUQuerier)
+        for method in ("static_info", "ram_and_utilization", "_query_gpu"):
+            assert isinstance(inspect.getattr_static(querier, method), classmethod), (querier, method)
+        assert "ram_column" in inspect.signature(querier._query_gpu).parameters
+    assert isinstance(inspect.getattr_static(gt._GPUQuerier, "_query_gpu"), classmethod)
+
+    from exporter.backends import gpu_tracker_adapter as adapter
+
+    # our AMD id map is a plain dict, not upstream's classmethod-property (broken on 3.13)
+    assert isinstance(inspect.getattr_static(adapter._AMD, "_id_to_uuid"), dict)
+    assert adapter._Nvidia.__mro__.index(adapter._Bounded) > adapter._Nvidia.__mro__.index(gt._NvidiaQuerier)
+
+
+def test_adapter_reads_through_gpu_trackers_parsers(smi, monkeypatch):
+    from exporter.backends import gpu_tracker_adapter as adapter
+
+    smi.install("nvidia-smi", "amd-smi").write({"nvidia": NVIDIA_TWO, "amd": AMD_TWO})
+    for key, value in smi.env({}).items():
+        monkeypatch.setenv(key, value)
+    gpus, totals = adapter.query("nvidia", 10, None)
+    assert [(g.uuid, g.memory_total_mib, g.memory_used_mib, g.utilization_percent) for g in gpus] == [
+        (g["uuid"], g["total_mib"], g["used_mib"], g["util"]) for g in NVIDIA_TWO["gpus"]
+    ]
+    again, _ = adapter.query("nvidia", 10, totals)
+    assert again == gpus
+    assert len(smi.calls("memory.total")) == 1  # totals re-read only when UUIDs change
+    amd, _ = adapter.query("amd", 10, None)
+    assert [(g.uuid, g.memory_used_mib, g.utilization_percent) for g in amd] == [
+        (g["uuid"], g["used_mib"], g["util"]) for g in AMD_TWO["gpus"]
+    ]
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+def assert_cli_gpus(s: Scrape, gpus: list[dict]) -> None:
+    assert s.value("resmon_gpu_backend_info", backend="gpu-tracker") == 1
+    assert s.value("resmon_gpu_devices") == len(gpus)
+    for i, g in enumerate(gpus):
+        lab = {"gpu": str(i), "uuid": g["uuid"]}
+        assert s.series("resmon_gpu_info", **lab) == [
+            ({**lab, "name": "", "pci_bus_id": "", "driver_version": "", "backend": "gpu-tracker"}, 1.0)
+        ]
+        assert s.value("resmon_gpu_up", **lab) == 1
+        assert s.value("resmon_gpu_memory_total_bytes", **lab) == g["total_mib"] * MIB
+        assert s.value("resmon_gpu_memory_used_bytes", **lab) == g["used_mib"] * MIB
+        assert s.value("resmon_gpu_memory_free_bytes", **lab) == (g["total_mib"] - g["used_mib"]) * MIB
+        assert s.value("resmon_gpu_utilization_ratio", **lab) == pytest.approx(g["util"] / 100)
+    for absent in ("resmon_gpu_temperature_celsius", "resmon_gpu_power_watts", "resmon_gpu_memory_reserved_bytes",
+                   "resmon_gpu_clock_hertz", "resmon_gpu_throttle_active", "resmon_gpu_energy_joules_total"):
+        assert not s.has(absent), absent
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+
+
+def test_two_nvidia_gpus_through_nvidia_smi(smi, start):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    assert_cli_gpus(start(smi, "--gpu.backend=gpu-tracker").scrape(), NVIDIA_TWO["gpus"])
+
+
+def test_two_amd_gpus_through_amd_smi(smi, start):
+    smi.install("amd-smi").write({"amd": AMD_TWO})
+    exporter = start(smi, "--gpu.backend=gpu-tracker")
+    assert_cli_gpus(exporter.scrape(), AMD_TWO["gpus"])
+
+
+def test_na_value_is_absent_and_never_spins(smi, start):
+    machine = json.loads(json.dumps(NVIDIA_TWO))
+    machine["gpus"][1]["util"] = "[N/A]"
+    machine["gpus"][1]["used_mib"] = "[N/A]"
+    smi.install("nvidia-smi").write({"nvidia": machine})
+    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0")
+    s = exporter.scrape()
+    l0 = {"gpu": "0", "uuid": machine["gpus"][0]["uuid"]}
+    l1 = {"gpu": "1", "uuid": machine["gpus"][1]["uuid"]}
+    assert s.value("resmon_gpu_up", **l1) == 1
+    assert not s.has("resmon_gpu_utilization_ratio", **l1)
+    assert not s.has("resmon_gpu_memory_used_bytes", **l1) and not s.has("resmon_gpu_memory_free_bytes", **l1)
+    assert s.value("resmon_gpu_memory_total_bytes", **l1) == machine["gpus"][1]["total_mib"] * MIB
+    assert s.value("resmon_gpu_utilization_ratio", **l0) == pytest.approx(0.87)
+    before = len(smi.calls("utilization.gpu"))
+    exporter.scrape()
+    assert len(smi.calls("utilization.gpu")) == before + 1  # one CLI call per refresh
+
+
+def test_stderr_noise_is_not_parsed(smi, start):
+    smi.install("nvidia-smi").write({"nvidia": {**NVIDIA_TWO, "stderr": "WARNING: infoROM is corrupted at gpu 0000:07:00.0"}})
+    assert_cli_gpus(start(smi, "--gpu.backend=gpu-tracker").scrape(), NVIDIA_TWO["gpus"])
+
+
+def test_failing_cli_marks_gpus_down_and_recovers(smi, start):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0")
+    exporter.scrape()
+    smi.write({"nvidia": {**NVIDIA_TWO, "exit": 15}})
+    s = exporter.scrape()
+    assert s.value("resmon_collector_success", collector="gpu") == 0
+    assert [v for _, v in s.series("resmon_gpu_up")] == [0.0, 0.0]
+    assert s.has("resmon_memory_total_bytes")
+    smi.write({"nvidia": NVIDIA_TWO})
+    assert_cli_gpus(exporter.scrape(), NVIDIA_TWO["gpus"])
+    assert "exited with 15" in exporter.stderr
+
+
+def test_hung_cli_is_bounded_and_killed(smi, start):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0", "--collect.timeout=1s")
+    exporter.scrape()
+    smi.write({"nvidia": {**NVIDIA_TWO, "sleep": 60}})
+    status, _, body = exporter.request("/metrics", timeout=20)
+    assert status == 200
+    s = Scrape(body.decode())
+    assert s.value("resmon_collector_success", collector="gpu") == 0
+    assert [v for _, v in s.series("resmon_gpu_up")] == [0.0, 0.0]
+    assert s.has("resmon_memory_total_bytes")
+    exporter.scrape()
+    # the hung CLI processes were killed, not left behind
+    import time
+
+    time.sleep(0.5)
+    pids = [int(l.rsplit("pid=", 1)[1]) for l in smi.calls("utilization.gpu")]
+    alive = [p for p in pids if Path(f"/proc/{p}").exists() and "fake_smi" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert alive == []
+    smi.write({"nvidia": NVIDIA_TWO})
+    assert exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+
+
+def test_extra_not_installed(smi, start, tmp_path):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    env = smi.env(nvml_env(None, None))
+    env.update(no_gpu_tracker_env(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'pip install "resmon-exporter[gpu-tracker]"' in lines[0], result.stderr
+    # auto: no NVML, no extra -> none, and the log says why
+    exporter = start(smi, extra_env=no_gpu_tracker_env(tmp_path))
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_backend_info", backend="none") == 1
+    assert "gpu-tracker: extra not installed" in exporter.stderr
+
+
+def test_explicit_gpu_tracker_without_any_cli_is_a_startup_error(smi):
+    env = smi.env(nvml_env(None, None))
+    result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "neither nvidia-smi nor amd-smi answers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_auto_prefers_nvml_then_gpu_tracker_then_none(smi, start, scenario):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    scenario.write(three_gpus())
+    with_nvml = start(smi, nvml=True)
+    assert with_nvml.scrape().value("resmon_gpu_backend_info", backend="nvml") == 1
+    assert smi.calls() == []  # nvidia-smi never run when NVML works
+
+    without_nvml = start(smi)
+    s = without_nvml.scrape()
+    assert_cli_gpus(s, NVIDIA_TWO["gpus"])
+    line = next(l for l in without_nvml.stderr_lines if "GPU backend selected" in l)
+    assert "backend=gpu-tracker" in line and "nvml: NVML Shared Library Not Found" in line
+
+    smi.write({})  # installed but cannot connect (bare call exits 9)
+    neither = start(smi)
+    assert neither.scrape().value("resmon_gpu_backend_info", backend="none") == 1
+    line = next(l for l in neither.stderr_lines if "GPU backend selected" in l)
+    assert "backend=none" in line and "nvidia-smi exited with 9" in line
+
+
+def test_auto_uses_amd_when_nvml_sees_no_gpu(smi, start, scenario):
+    smi.install("amd-smi").write({"amd": AMD_TWO})
+    scenario.write({"count": 0})
+    exporter = start(smi, nvml=True)
+    assert_cli_gpus(exporter.scrape(), AMD_TWO["gpus"])
+
+
+MAI = textwrap.dedent(
+    """
+    import json, sys
+    from exporter import ResourceMonitor
+    m = ResourceMonitor(gpu_backend=sys.argv[1])
+    print(json.dumps({"res": m.get_current_resources(), "mods": [n for n in ("pandas", "gpu_tracker") if n in sys.modules]}))
+    """
+)
+
+
+def test_mai_keys_through_gpu_tracker_and_nvml_path_without_pandas(smi, fake_libs, scenario, tmp_path):
+    smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
+    env = smi.env(nvml_env(tmp_path, None))
+    out = json.loads(subprocess.run([sys.executable, "-c", MAI, "auto"], env=env, cwd=REPO, capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)
+    g = NVIDIA_TWO["gpus"][0]
+    assert out["res"]["gpu_total_vram_gb"] == pytest.approx(g["total_mib"] / 1024)
+    assert out["res"]["gpu_used_vram_gb"] == pytest.approx(g["used_mib"] / 1024)
+    assert out["res"]["gpu_free_vram_gb"] == pytest.approx((g["total_mib"] - g["used_mib"]) / 1024)
+    assert out["res"]["gpu_utilization_percent"] == pytest.approx(g["util"])
+    assert out["res"]["gpu_temperature_c"] == 0.0  # not available through this backend
+
+    scenario.write(three_gpus())
+    env = smi.env(nvml_env(fake_libs["current"], scenario))
+    out = json.loads(subprocess.run([sys.executable, "-c", MAI, "auto"], env=env, cwd=REPO, capture_output=True,
+                                    text=True, timeout=60, check=True).stdout)
+    assert out["res"]["gpu_temperature_c"] == three_gpus()["gpu.0.temperature"]
+    assert out["mods"] == []  # the NVML path imports neither pandas nor gpu_tracker
