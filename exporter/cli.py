@@ -64,6 +64,12 @@ def _listen_address(text: str) -> str:
     return text
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"invalid number {text!r}: want a whole number, 0 or more")
+    return int(text)
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -102,6 +108,11 @@ class Flag:
 FLAGS: tuple[Flag, ...] = (
     Flag("web.listen-address", ":9636", _listen_address, "Address to listen on, host:port (':9636' = all interfaces)."),
     Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
+    Flag("web.config.file", "", str, "exporter-toolkit web config (TLS, basic auth, headers); empty = plain HTTP."),
+    Flag("web.max-requests", 40, lambda t: _non_negative_int(t), "Most requests served at once; 503 beyond (0 = no limit)."),
+    Flag("web.read-header-timeout", 10.0, _positive_duration, "Time a client has to send a request head."),
+    Flag("web.idle-timeout", 120.0, _positive_duration, "Close kept-alive connections idle this long."),
+    Flag("web.timeout-offset", 0.5, parse_duration, "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
     Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, gpu-tracker or none."),
     Flag("collect.cache-ttl", 1.0, parse_duration, "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _positive_duration, "Longest a refresh may wait for the GPU before reporting it down."),
@@ -116,6 +127,11 @@ FLAGS: tuple[Flag, ...] = (
 class Config:
     web_listen_address: str
     web_telemetry_path: str
+    web_config_file: str
+    web_max_requests: int
+    web_read_header_timeout: float
+    web_idle_timeout: float
+    web_timeout_offset: float
     gpu_backend: str
     collect_cache_ttl: float
     collect_timeout: float
@@ -202,17 +218,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: Config, warnings: Sequence[str] = ()) -> int:
     # Imported here so --help and --version stay fast and touch no GPU library.
+    import asyncio
+    from pathlib import Path
+
     from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
     from prometheus_client.registry import CollectorRegistry
 
     from . import logs
     from .collector import ResourceCollector
     from .monitor import ResourceMonitor
-    from .web import Router, make_server, parse_listen_address
+    from .server import HttpServer, Limits
+    from .web import Router, parse_listen_address
+    from .web_config import WebConfigError, WebConfigSource
 
     log = logs.setup(config.log_level, config.log_format)
     for warning in warnings:
         log.warning(warning)
+    try:
+        web = WebConfigSource(Path(config.web_config_file) if config.web_config_file else None, log)
+    except WebConfigError as exc:
+        print(f"{PROG}: error: --web.config.file={config.web_config_file}: {exc}", file=sys.stderr)
+        return 2
     try:
         monitor = ResourceMonitor(
             cache_ttl=config.collect_cache_ttl,
@@ -230,36 +256,46 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
     for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(default)
     registry.register(ResourceCollector(monitor))
-
-    host, port = parse_listen_address(config.web_listen_address)
-    try:
-        server = make_server(host, port, Router(registry, monitor, config.web_telemetry_path), log)
-    except OSError as exc:
-        log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
-        return 1
-
-    bound = server.server_address
-    log.info(
-        "listening",
-        extra=logs.fields(
-            address=f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else f"{bound[0]}:{bound[1]}",
-            telemetry_path=config.web_telemetry_path,
-            version=__version__,
-            gpu_backend=config.gpu_backend,
-        ),
+    limits = Limits(
+        max_requests=config.web_max_requests,
+        read_header_timeout=config.web_read_header_timeout,
+        idle_timeout=config.web_idle_timeout,
+        timeout_offset=config.web_timeout_offset,
+        collect_timeout=config.collect_timeout,
     )
+    server = HttpServer(Router(registry, monitor, config.web_telemetry_path), web, limits, log)
+    host, port = parse_listen_address(config.web_listen_address)
 
-    def stop(signum: int, _frame: Any) -> None:
-        log.info("shutting down", extra=logs.fields(signal=signal.Signals(signum).name))
-        threading.Thread(target=server.shutdown, daemon=True).start()
+    async def serve() -> int:
+        try:
+            bound = await server.start(host, port)
+        except OSError as exc:
+            log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
+            return 1
+        addr = bound[0]
+        log.info(
+            "listening",
+            extra=logs.fields(
+                address=f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}",
+                telemetry_path=config.web_telemetry_path,
+                tls=web.tls_enabled,
+                version=__version__,
+                gpu_backend=config.gpu_backend,
+            ),
+        )
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopped.set)
+        # First refresh right away, so /-/ready turns 200 without waiting for a scrape.
+        threading.Thread(target=monitor.snapshot, name="resmon-first-refresh", daemon=True).start()
+        await stopped.wait()
+        log.info("shutting down")
+        await server.shutdown(grace=config.collect_timeout + 5.0)
+        return 0
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    # First refresh right away, so /-/ready turns 200 without waiting for a scrape.
-    threading.Thread(target=monitor.snapshot, name="resmon-first-refresh", daemon=True).start()
     try:
-        server.serve_forever()
+        code = asyncio.run(serve())
     finally:
-        server.server_close()
         monitor.close()
-    return 0
+    return code

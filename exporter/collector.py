@@ -7,6 +7,7 @@ be registered in any application's CollectorRegistry next to its own metrics.
 from __future__ import annotations
 
 import platform
+from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,6 +18,10 @@ from .samples import CPU_MODES, THROTTLE_REASONS, CollectorStatus, GpuSample, Ho
 from .version import __version__
 
 GPU_LABELS = ["gpu", "uuid"]
+
+# Deadline for the refresh a scrape may trigger, set by the HTTP server per request
+# (Prometheus' scrape timeout minus an offset); None: the monitor's collect timeout.
+SCRAPE_TIMEOUT: ContextVar[float | None] = ContextVar("resmon_scrape_timeout", default=None)
 
 # (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.
 _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], ...] = (
@@ -249,4 +254,4 @@ class ResourceCollector(Collector):
                 yield GaugeMetricFamily(name, "")
 
     def collect(self) -> Iterable[Metric]:
-        return list(snapshot_families(self._monitor.snapshot()))
+        return list(snapshot_families(self._monitor.snapshot(SCRAPE_TIMEOUT.get())))

@@ -66,6 +66,18 @@ class _Worker(Generic[T]):
         with self._lock:
             return self._pending is not None and not self._pending.done()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """True once no run is in flight (waiting up to timeout seconds)."""
+        with self._lock:
+            pending = self._pending
+        if pending is None:
+            return True
+        try:
+            pending.exception(timeout=timeout)
+        except FutureTimeout:
+            return False
+        return True
+
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
@@ -107,6 +119,7 @@ class ResourceMonitor:
         self._generation = 0
         self._refreshing = False
         self._gpu_stuck = False
+        self._closed = False
 
     # -- snapshot ---------------------------------------------------------------------
 
@@ -126,6 +139,8 @@ class ResourceMonitor:
                     self._generation != generation or time.monotonic() - snap.taken_monotonic < self._ttl
                 ):
                     return snap
+                if snap is not None and self._closed:
+                    return snap  # shutting down: no new GPU reads
                 if not self._refreshing:
                     self._refreshing = True
                     break
@@ -207,12 +222,15 @@ class ResourceMonitor:
             sample = None
         return sample, CollectorStatus(sample is not None, time.perf_counter() - start, time.time())
 
-    def close(self) -> None:
-        """Release NVML. Skipped while a GPU call is in flight: shutting NVML down under a
-        running call can crash the process (nvitop #222)."""
+    def close(self, drain: float = 2.0) -> None:
+        """Release NVML: no new reads start, an in-flight one gets drain seconds to finish,
+        and if it does not, NVML is left alone (shutting NVML down under a running call can
+        crash the process, nvitop #222)."""
         if self._backend is None:
             return
-        if self._gpu_worker is not None and self._gpu_worker.busy:
+        with self._cond:
+            self._closed = True
+        if self._gpu_worker is not None and not self._gpu_worker.wait_idle(drain):
             self._log.warning("GPU call still in flight at shutdown; leaving NVML as it is")
             return
         self._backend.close()

@@ -1,4 +1,4 @@
-"""HTTP: the exporter's routes in front of prometheus_client's WSGI app, and the server.
+"""HTTP routes: the exporter's pages in front of prometheus_client's WSGI app.
 
 prometheus_client's app answers every path with metrics; this router serves the landing
 page, the telemetry path, /-/healthy and /-/ready, and 404/405 for everything else.
@@ -7,16 +7,11 @@ page, the telemetry path, /-/healthy and /-/ready, and 404/405 for everything el
 from __future__ import annotations
 
 import html
-import logging
-import socket
-import socketserver
 from typing import Any, Callable, Iterable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from .logs import fields
 from .monitor import ResourceMonitor
 from .version import __version__
 
@@ -94,40 +89,6 @@ class Router:
         return _plain(start_response, "503 Service Unavailable", "resmon-exporter is not ready: first refresh pending.\n")
 
 
-class _QuietHandler(WSGIRequestHandler):
-    # A client that stops sending cannot hold a thread forever.
-    timeout = 60
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        pass
-
-
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    log: logging.Logger = logging.getLogger("resmon")
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client hanging up mid-response is not worth a traceback on stderr.
-        import sys
-
-        exc = sys.exc_info()[1]
-        self.log.debug("HTTP connection error", extra=fields(client=str(client_address), error=repr(exc)))
-
-
-class _DualStackServer(_Server):
-    address_family = socket.AF_INET6
-
-    def server_bind(self) -> None:
-        # ":port" listens on IPv6 and IPv4 alike, like Go's net.Listen.
-        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-
-class _Inet6Server(_Server):
-    address_family = socket.AF_INET6
-
-
 def parse_listen_address(value: str) -> tuple[str, int]:
     """Go-style host:port; ':9636' means every interface, '[::1]:9636' an IPv6 host."""
     host, sep, port_text = value.rpartition(":")
@@ -140,20 +101,3 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"invalid listen address {value!r}: port must be a number from 0 to 65535")
     return host, int(port_text)
-
-
-def make_server(host: str, port: int, app: Callable[..., Iterable[bytes]], log: logging.Logger) -> WSGIServer:
-    """Bind and return the server (raises OSError, e.g. address in use)."""
-    _Server.log = log
-    server: WSGIServer
-    if host == "":
-        try:
-            server = _DualStackServer(("::", port), _QuietHandler)
-        except OSError:  # no IPv6 on this host
-            server = _Server(("0.0.0.0", port), _QuietHandler)
-    else:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        cls = _Inet6Server if family == socket.AF_INET6 else _Server
-        server = cls((host, port), _QuietHandler)
-    server.set_app(app)
-    return server

@@ -129,7 +129,7 @@ class _CountingMonitor:
         self.snap = snap
         self.calls = 0
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, timeout: float | None = None) -> Snapshot:
         self.calls += 1
         return self.snap
 

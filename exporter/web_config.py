@@ -1,0 +1,404 @@
+"""--web.config.file: the Prometheus exporter-toolkit format, parsed strictly.
+
+The same file node_exporter takes (toolkit 0.8.2 keys): tls_server_config, http_server_config
+and basic_auth_users. Any unknown key, wrong type, malformed bcrypt hash, missing file or
+invalid combination is a WebConfigError naming the problem. Relative paths are relative to
+the file. WebConfigSource re-reads the file (and the certificate files) when they change, so
+rotated certificates and changed users apply without a restart; a broken edit is logged and
+the last good configuration stays in force.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import ssl
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .logs import fields
+
+
+class WebConfigError(Exception):
+    """The web config file is invalid; the message names the key and the problem."""
+
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+# Python's ssl has no "request a certificate but do not verify it" mode, so the toolkit's
+# RequestClientCert and RequireAnyClientCert are refused rather than silently weakened.
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
+# Go crypto/tls names -> OpenSSL names (TLS 1.2 and below; TLS 1.3 suites are not configurable).
+CIPHER_SUITES = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+# exporter-toolkit allows exactly these response headers (and these values where listed).
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Content-Security-Policy": None,
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-XSS-Protection": None,
+    "Strict-Transport-Security": None,
+}
+BCRYPT_HASH = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+_TLS_KEYS = {
+    "cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
+    "cipher_suites", "prefer_server_cipher_suites", "curve_preferences",
+}
+_HTTP_KEYS = {"http2", "headers"}
+_TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (a typo'd second 'user:' must not win silently)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    result: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            if key in result:
+                raise WebConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+        except TypeError:
+            raise WebConfigError(f"unhashable key at line {key_node.start_mark.line + 1}") from None
+        result[key] = loader.construct_object(value_node, deep=deep)
+    return result
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    cert_file: Path
+    key_file: Path
+    client_auth: ssl.VerifyMode
+    client_ca_file: Path | None
+    min_version: ssl.TLSVersion
+    max_version: ssl.TLSVersion
+    ciphers: str | None
+    prefer_server_ciphers: bool
+    curve: str | None
+
+    def files(self) -> tuple[Path, ...]:
+        return (self.cert_file, self.key_file) + ((self.client_ca_file,) if self.client_ca_file else ())
+
+    def context(self) -> ssl.SSLContext:
+        """A server context from the files as they are now (WebConfigError if they are bad)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = self.min_version
+        ctx.maximum_version = self.max_version
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+            if self.client_ca_file is not None:
+                ctx.load_verify_locations(cafile=self.client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise WebConfigError(f"tls_server_config: cannot load certificate or key: {exc}") from None
+        ctx.verify_mode = self.client_auth
+        if self.ciphers:
+            try:
+                ctx.set_ciphers(self.ciphers)
+            except ssl.SSLError:
+                raise WebConfigError("tls_server_config.cipher_suites: none of the suites is available") from None
+        if self.prefer_server_ciphers:
+            ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+        if self.curve:
+            ctx.set_ecdh_curve(self.curve)
+        return ctx
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: TlsConfig | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    users: dict[str, bytes] = field(default_factory=dict)
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(value, kind) or (kind is str and value == ""):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise WebConfigError(f"{where}: expected {'a non-empty ' if kind is str else ''}{names}, got {value!r}")
+    return value
+
+
+def _check_keys(section: dict[Any, Any], allowed: set[str], where: str) -> None:
+    for key in section:
+        if key not in allowed:
+            raise WebConfigError(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _file(value: Any, base: Path, where: str) -> Path:
+    path = Path(_expect(value, str, where))
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        raise WebConfigError(f"{where}: file {str(path)!r} does not exist")
+    if not os.access(path, os.R_OK):
+        raise WebConfigError(f"{where}: file {str(path)!r} is not readable")
+    return path
+
+
+def _tls(section: Any, base: Path) -> TlsConfig | None:
+    if section is None:
+        return None
+    section = _expect(section, dict, "tls_server_config")
+    _check_keys(section, _TLS_KEYS, "tls_server_config")
+    if not section:
+        return None
+    if "cert_file" not in section:
+        raise WebConfigError("tls_server_config: missing cert_file")
+    if "key_file" not in section:
+        raise WebConfigError("tls_server_config: missing key_file")
+    auth_name = section.get("client_auth_type", "NoClientCert")
+    _expect(auth_name, str, "tls_server_config.client_auth_type")
+    if auth_name in UNSUPPORTED_CLIENT_AUTH:
+        raise WebConfigError(
+            f"tls_server_config.client_auth_type: {auth_name} is not supported (Python's TLS cannot request a "
+            "client certificate without verifying it); use RequireAndVerifyClientCert or VerifyClientCertIfGiven"
+        )
+    if auth_name not in CLIENT_AUTH:
+        raise WebConfigError(f"tls_server_config.client_auth_type: unknown value {auth_name!r}")
+    ca = section.get("client_ca_file")
+    if ca is not None and auth_name == "NoClientCert":
+        raise WebConfigError("tls_server_config: client_ca_file is set but client_auth_type is NoClientCert")
+    if ca is None and auth_name != "NoClientCert":
+        raise WebConfigError(f"tls_server_config: client_auth_type {auth_name} needs client_ca_file")
+    versions = []
+    for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
+        name = section.get(key, default)
+        if name not in TLS_VERSIONS:
+            raise WebConfigError(f"tls_server_config.{key}: unknown TLS version {name!r} (TLS10, TLS11, TLS12, TLS13)")
+        versions.append(TLS_VERSIONS[name])
+    if versions[0] > versions[1]:
+        raise WebConfigError("tls_server_config: min_version is above max_version")
+    ciphers = None
+    if section.get("cipher_suites") is not None:
+        suites = _expect(section["cipher_suites"], list, "tls_server_config.cipher_suites")
+        names = []
+        for suite in suites:
+            if suite not in CIPHER_SUITES:
+                raise WebConfigError(f"tls_server_config.cipher_suites: unknown cipher suite {suite!r}")
+            names.append(CIPHER_SUITES[suite])
+        if names:
+            ciphers = ":".join(names)
+    prefer = section.get("prefer_server_cipher_suites", True)
+    _expect(prefer, bool, "tls_server_config.prefer_server_cipher_suites")
+    curve = None
+    if section.get("curve_preferences") is not None:
+        curves = _expect(section["curve_preferences"], list, "tls_server_config.curve_preferences")
+        for name in curves:
+            if name not in CURVES:
+                raise WebConfigError(f"tls_server_config.curve_preferences: unknown curve {name!r}")
+        if len(curves) > 1:
+            raise WebConfigError("tls_server_config.curve_preferences: Python's TLS takes one curve; list one")
+        curve = CURVES[curves[0]] if curves else None
+    tls = TlsConfig(
+        cert_file=_file(section["cert_file"], base, "tls_server_config.cert_file"),
+        key_file=_file(section["key_file"], base, "tls_server_config.key_file"),
+        client_auth=CLIENT_AUTH[auth_name],
+        client_ca_file=_file(ca, base, "tls_server_config.client_ca_file") if ca is not None else None,
+        min_version=versions[0],
+        max_version=versions[1],
+        ciphers=ciphers,
+        prefer_server_ciphers=prefer,
+        curve=curve,
+    )
+    tls.context()  # load it once now: a bad certificate is a startup error
+    return tls
+
+
+def _headers(section: Any) -> tuple[tuple[str, str], ...]:
+    if section is None:
+        return ()
+    section = _expect(section, dict, "http_server_config")
+    _check_keys(section, _HTTP_KEYS, "http_server_config")
+    if "http2" in section:  # accepted for compatibility; this server speaks HTTP/1.1
+        _expect(section["http2"], bool, "http_server_config.http2")
+    headers = section.get("headers") or {}
+    _expect(headers, dict, "http_server_config.headers")
+    out = []
+    for name, value in headers.items():
+        if name not in HEADERS:
+            raise WebConfigError(f"http_server_config.headers: HTTP header {name!r} can not be configured")
+        _expect(value, str, f"http_server_config.headers.{name}")
+        allowed = HEADERS[name]
+        if allowed is not None and value.lower() not in allowed:
+            raise WebConfigError(f"http_server_config.headers.{name}: invalid value {value!r}")
+        if any(c in value for c in "\r\n"):
+            raise WebConfigError(f"http_server_config.headers.{name}: value contains a line break")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _users(section: Any) -> dict[str, bytes]:
+    if section is None:
+        return {}
+    section = _expect(section, dict, "basic_auth_users")
+    users = {}
+    for user, hashed in section.items():
+        _expect(user, str, "basic_auth_users (user name)")
+        if ":" in user:
+            raise WebConfigError(f"basic_auth_users: user name {user!r} contains ':'")
+        if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
+            raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters)")
+        users[user] = hashed.encode()
+    return users
+
+
+def parse(text: str, base: Path) -> WebConfig:
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise WebConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        return WebConfig()
+    data = _expect(data, dict, "web config")
+    _check_keys(data, _TOP_KEYS, "web config")
+    return WebConfig(
+        tls=_tls(data.get("tls_server_config"), base),
+        headers=_headers(data.get("http_server_config")),
+        users=_users(data.get("basic_auth_users")),
+    )
+
+
+def load(path: Path) -> WebConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise WebConfigError(f"{str(path)!r} is not UTF-8 text") from None
+    return parse(text, path.parent)
+
+
+def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((0, 0, 0))
+    return tuple(out)
+
+
+class WebConfigSource:
+    """The web config in force, re-read when the file or its certificates change."""
+
+    def __init__(self, path: Path | None, log: logging.Logger) -> None:
+        self._path = path
+        self._log = log
+        self._lock = threading.Lock()
+        self._config = load(path) if path is not None else WebConfig()  # strict at startup
+        self._ctx = self._config.tls.context() if self._config.tls else None
+        self._stamps = self._current_stamps()
+        self._auth = Authenticator(self._config.users)
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self._config.tls is not None
+
+    def _current_stamps(self) -> tuple[Any, ...]:
+        paths = ((self._path,) if self._path else ()) + (self._config.tls.files() if self._config.tls else ())
+        return _stamp(paths)
+
+    def current(self) -> tuple[WebConfig, ssl.SSLContext | None, "Authenticator"]:
+        if self._path is None:
+            return self._config, self._ctx, self._auth
+        with self._lock:
+            stamps = self._current_stamps()
+            if stamps != self._stamps:
+                self._stamps = stamps
+                try:
+                    config = load(self._path)
+                    ctx = config.tls.context() if config.tls else None
+                except WebConfigError as exc:
+                    self._log.error("web config reload failed; keeping the previous one", extra=fields(error=str(exc)))
+                else:
+                    if (config.tls is None) != (self._config.tls is None):
+                        # the listening socket cannot switch between TLS and plain text
+                        self._log.error("web config reload cannot turn TLS on or off; restart to do that")
+                    else:
+                        self._config, self._ctx = config, ctx
+                        if config.users != self._auth.users:
+                            self._auth = Authenticator(config.users)
+                        self._log.info("web config reloaded")
+            return self._config, self._ctx, self._auth
+
+
+class Authenticator:
+    """bcrypt basic auth. Unknown users are checked against a dummy hash so the answer takes
+    as long as for a known user; successful checks are cached (bcrypt costs ~70 ms)."""
+
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self.users = users
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._lock = threading.Lock()
+        self._dummy: bytes | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.users)
+
+    def check(self, user: str, password: str) -> bool:
+        import bcrypt
+
+        hashed = self.users.get(user)
+        if hashed is None:
+            if self._dummy is None:
+                cost = int(next(iter(self.users.values()))[4:6]) if self.users else 10
+                self._dummy = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(cost))
+            bcrypt.checkpw(password.encode(), self._dummy)
+            return False
+        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return True
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed)
+        except ValueError:
+            ok = False
+        if ok:
+            with self._lock:
+                self._cache[key] = True
+                while len(self._cache) > 256:
+                    self._cache.popitem(last=False)
+        return ok
