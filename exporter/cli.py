@@ -109,7 +109,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("web.listen-address", ":9636", _listen_address, "Address to listen on, host:port (':9636' = all interfaces)."),
     Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
     Flag("web.config.file", "", str, "exporter-toolkit web config (TLS, basic auth, headers); empty = plain HTTP."),
-    Flag("web.max-requests", 40, lambda t: _non_negative_int(t), "Most requests served at once; 503 beyond (0 = no limit)."),
+    Flag("web.max-requests", 40, lambda t: _non_negative_int(t), "Most scrapes served at once; 503 beyond (0 = no limit)."),
     Flag("web.read-header-timeout", 10.0, _positive_duration, "Time a client has to send a request head."),
     Flag("web.idle-timeout", 120.0, _positive_duration, "Close kept-alive connections idle this long."),
     Flag("web.timeout-offset", 0.5, parse_duration, "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
@@ -263,7 +263,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
         timeout_offset=config.web_timeout_offset,
         collect_timeout=config.collect_timeout,
     )
-    server = HttpServer(Router(registry, monitor, config.web_telemetry_path), web, limits, log)
+    server = HttpServer(Router(registry, monitor, config.web_telemetry_path), web, limits, log, config.web_telemetry_path)
     host, port = parse_listen_address(config.web_listen_address)
 
     async def serve() -> int:

@@ -4,8 +4,9 @@ prometheus_client's server starts an unbounded thread per request and sets no ti
 Here connections live on one event loop, so idle or slow clients cost a socket, not a
 thread: a request's head must arrive within the read-header timeout, an idle keep-alive
 connection is closed after the idle timeout, heads and bodies are size-limited
-(431/413), and at most max_requests requests run at once (503 beyond). Requests run the
-WSGI app on a thread pool of that size. TLS and basic auth come from the web config,
+(431/413), and at most max_requests scrapes of the telemetry path run at once (503
+beyond; as node_exporter, health checks and the landing page do not count). Requests run
+the WSGI app on a bounded thread pool. TLS and basic auth come from the web config,
 re-read when it changes. SIGTERM/SIGINT: stop accepting, let in-flight requests finish,
 close idle connections, return.
 """
@@ -134,13 +135,18 @@ def call_wsgi(app: WsgiApp, environ: dict[str, Any]) -> tuple[int, str, list[tup
 
 
 class HttpServer:
-    def __init__(self, app: WsgiApp, web: WebConfigSource, limits: Limits, log: logging.Logger) -> None:
+    def __init__(
+        self, app: WsgiApp, web: WebConfigSource, limits: Limits, log: logging.Logger, limited_path: str = "/metrics"
+    ) -> None:
         self._app = app
+        self._limited_path = limited_path
         self._web = web
         self._limits = limits
         self._log = log
-        self._pool = ThreadPoolExecutor(max_workers=limits.max_requests or 64, thread_name_prefix="resmon-http")
-        self._active = 0
+        # scrapes plus a few threads for the cheap routes; more requests wait in the pool's queue
+        self._pool = ThreadPoolExecutor(max_workers=(limits.max_requests or 64) + 4, thread_name_prefix="resmon-http")
+        self._active = 0  # requests in the pool
+        self._scrapes = 0  # of which on the telemetry path
         self._connections = 0
         self._idle: set[asyncio.StreamWriter] = set()
         self._closing = False
@@ -279,10 +285,12 @@ class HttpServer:
 
     async def _dispatch(self, request: _Request, writer: asyncio.StreamWriter) -> tuple[int, str, list[tuple[str, str]], bytes]:
         config, _, auth = self._web.current()
-        if self._limits.max_requests and self._active >= self._limits.max_requests:
-            status, reason, headers, body = _plain(HTTPStatus.SERVICE_UNAVAILABLE, "503 too many concurrent requests")
+        scrape = request.target.partition("?")[0] == self._limited_path
+        if scrape and self._limits.max_requests and self._scrapes >= self._limits.max_requests:
+            status, reason, headers, body = _plain(HTTPStatus.SERVICE_UNAVAILABLE, "503 too many concurrent scrapes")
             return status, reason, headers + [("Retry-After", "1")] + list(config.headers), body
         self._active += 1
+        self._scrapes += scrape
         try:
             loop = asyncio.get_running_loop()
             peer = writer.get_extra_info("peername") or ("", 0)
@@ -291,6 +299,7 @@ class HttpServer:
             )
         finally:
             self._active -= 1
+            self._scrapes -= scrape
             if self._active == 0 and self._drained is not None:
                 self._drained.set()
         return status, reason, headers + list(config.headers), body

@@ -1,0 +1,425 @@
+"""Hardening, end to end on loopback: deadlines, GPU faults, bounded serving, TLS and basic
+auth, bad requests, graceful shutdown, and a short soak. Every wait is bounded."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import os
+import shutil
+import signal
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from certs import CA
+from exporter.server import _Reject, parse_head
+from fakenvml import Scrape
+from scenarios import GPU_IS_LOST, three_gpus
+
+UUID1 = three_gpus()["gpu.1.uuid"]
+
+
+def proc_status(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def raw(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except socket.timeout:
+            pass
+    return b"".join(chunks)
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+@pytest.fixture
+def machine(scenario):
+    scenario.write(three_gpus())
+    return scenario
+
+
+# -- deadlines and faults ---------------------------------------------------------------
+
+
+def test_scrape_timeout_header_bounds_the_refresh(run_exporter, machine):
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=20s")
+    exporter.scrape()
+    machine.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 30000})
+    started = time.monotonic()
+    status, _, body = exporter.request("/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "2"}, timeout=15)
+    waited = time.monotonic() - started
+    assert status == 200
+    s = Scrape(body.decode())
+    assert s.value("resmon_collector_success", collector="gpu") == 0
+    assert s.value("resmon_collector_success", collector="host") == 1
+    assert {v for _, v in s.series("resmon_gpu_up")} == {0.0}
+    assert waited < 15  # answered long before the 20 s collect timeout: the header's 2 s - 0.5 s won
+
+
+def test_hung_call_keeps_threads_bounded_and_recovers(run_exporter, machine):
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
+    exporter.scrape()
+    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": 9000})
+    counts = []
+    for _ in range(5):
+        s = exporter.scrape()
+        assert s.value("resmon_collector_success", collector="gpu") == 0
+        assert s.has("resmon_memory_total_bytes")
+        counts.append(proc_status(exporter.proc.pid, "Threads"))
+    assert max(counts) - min(counts) <= 1, counts  # no thread per stuck refresh
+    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": None})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert {v for _, v in s.series("resmon_gpu_up")} == {1.0}
+
+
+def test_flapping_device_creates_no_new_series(run_exporter, machine):
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()  # identities known before the flapping starts
+    label_sets = set()
+    for i in range(6):
+        machine.update(**{"gpu.1.rc.all": GPU_IS_LOST if i % 2 == 0 else None})
+        s = exporter.scrape()
+        assert s.value("resmon_gpu_up", gpu="1", uuid=UUID1) == (0 if i % 2 == 0 else 1)
+        label_sets |= {tuple(sorted(l.items())) for name in ("resmon_gpu_up", "resmon_gpu_info") for l, _ in s.series(name)}
+    assert len(label_sets) == 6  # 3 GPUs x (up, info), the same labels throughout
+
+
+def test_driver_reload_reinitialises(run_exporter, machine, trace):
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.scrape()
+    machine.update(**{"rc.nvmlDeviceGetCount_v2": 9})  # DRIVER_NOT_LOADED: the module was unloaded
+    s = exporter.scrape()
+    assert {v for _, v in s.series("resmon_gpu_up")} == {0.0}
+    machine.update(**{"rc.nvmlDeviceGetCount_v2": None})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert {v for _, v in s.series("resmon_gpu_up")} == {1.0}
+    assert trace.count("nvmlInitWithFlags") == 2
+
+
+# -- bounded serving ----------------------------------------------------------------------
+
+
+def test_100_concurrent_scrapers_share_refreshes(run_exporter, machine, trace):
+    exporter = run_exporter("--collect.cache-ttl=1s", "--web.max-requests=100")
+    exporter.wait_ready()
+    results = []
+    started = time.monotonic()
+
+    def scraper():
+        for _ in range(3):
+            results.append(exporter.request("/metrics", timeout=30)[0])
+
+    threads = [threading.Thread(target=scraper) for _ in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    elapsed = time.monotonic() - started
+    assert results.count(200) == 300
+    refreshes = trace.count("nvmlDeviceGetUtilizationRates", device=0)
+    assert refreshes <= elapsed / 1.0 + 2, (refreshes, elapsed)  # one per TTL window, not per scrape
+
+
+def test_beyond_max_requests_is_503(run_exporter, machine):
+    machine.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 1500})
+    exporter = run_exporter("--collect.cache-ttl=0", "--web.max-requests=2")
+    exporter.wait_ready()
+    results = []
+
+    def scrape():
+        status, headers, _ = exporter.request("/metrics", timeout=30)
+        results.append((status, headers.get("retry-after")))
+
+    threads = [threading.Thread(target=scrape) for _ in range(6)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(30)
+    assert (503, "1") in results and any(s == 200 for s, _ in results)
+    assert exporter.request("/-/healthy")[0] == 200
+
+
+def test_300_slow_and_idle_sockets_do_not_block_a_scrape(run_exporter, machine):
+    exporter = run_exporter("--web.read-header-timeout=2s", "--web.idle-timeout=3s", "--web.max-requests=10")
+    pid, port = exporter.proc.pid, exporter.port
+    exporter.wait_ready()
+    threads_before = proc_status(pid, "Threads")
+    sockets = []
+    try:
+        for i in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            if i % 3 == 1:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a head that never ends
+            elif i % 3 == 2:
+                s.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")  # then idles kept-alive
+            sockets.append(s)
+        started = time.monotonic()
+        status, _, body = exporter.request("/metrics", timeout=10)
+        assert status == 200 and b"resmon_gpu_up" in body
+        assert proc_status(pid, "Threads") <= threads_before + 14  # at most the request pool, not a thread a socket
+        # the server closes them itself: slow heads after the header timeout, idle ones after the idle timeout
+        deadline = started + 12
+        closed = 0
+        for s in sockets:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                while s.recv(65536):
+                    pass
+                closed += 1
+            except (socket.timeout, ConnectionResetError):
+                pass
+        assert closed == 300
+    finally:
+        for s in sockets:
+            s.close()
+    assert exporter.request("/-/healthy")[0] == 200
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(run_exporter, machine):
+    exporter = run_exporter()
+    conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=10)
+    try:
+        for path in ("/-/healthy", "/metrics", "/"):
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "request_bytes, status",
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /metrics\r\n\r\n", 400),
+        (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+        (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
+        (b"GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n", 413),
+        (b"POST /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400),
+        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
+        (b"DELETE /metrics HTTP/1.1\r\n\r\n", 405),
+        (b"GET /nope HTTP/1.1\r\n\r\n", 404),
+        (b"GET /metrics?%ZZ HTTP/1.1\r\nConnection: close\r\n\r\n", 200),
+    ],
+)
+def test_bad_requests_get_4xx_and_the_server_goes_on(run_exporter, machine, request_bytes, status):
+    exporter = run_exporter()
+    response = raw(exporter.port, request_bytes, timeout=5)
+    assert status_of(response) == status, response[:200]
+    assert exporter.request("/metrics")[0] == 200
+    assert "Traceback" not in exporter.stderr
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=st.binary(min_size=1, max_size=120))
+def test_fuzz_request_head_parser(line):
+    try:
+        request = parse_head(line)
+    except _Reject as rej:
+        assert 400 <= rej.status.value < 600
+    else:
+        assert request.target.startswith("/")
+
+
+def test_fuzz_request_paths_against_the_server(run_exporter, machine):
+    exporter = run_exporter()
+    exporter.wait_ready()
+
+    @settings(max_examples=40, deadline=None)
+    @given(path=st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=40),
+           method=st.sampled_from(["GET", "HEAD", "POST", "PUT", "BREW", "OPTIONS"]))
+    def check(path, method):
+        response = raw(exporter.port, f"{method} /{path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode(), timeout=10)
+        assert 200 <= status_of(response) < 500, response[:200]
+
+    check()
+    assert exporter.request("/-/healthy")[0] == 200 and exporter.proc.poll() is None
+
+
+def test_sigterm_lets_inflight_scrapes_finish(run_exporter, machine):
+    machine.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 1500})
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    result = {}
+
+    def scrape():
+        result["status"], _, result["body"] = exporter.request("/metrics", timeout=20)
+
+    t = threading.Thread(target=scrape)
+    t.start()
+    time.sleep(0.4)
+    exporter.proc.send_signal(signal.SIGTERM)
+    t.join(20)
+    assert result["status"] == 200 and b"resmon_gpu_up" in result["body"]
+    assert exporter.proc.wait(20) == 0
+    assert "Traceback" not in exporter.stderr
+
+
+# -- TLS, mTLS, basic auth ---------------------------------------------------------------
+
+
+@pytest.fixture
+def pki(tmp_path):
+    d = tmp_path / "pki"
+    d.mkdir()
+    server_ca = CA(d, "server-ca")
+    server = server_ca.issue("server", "localhost")
+    client_ca = CA(d, "client-ca")
+    client = client_ca.issue("client", "prometheus", client=True)
+    rogue_ca = CA(d, "rogue-ca")
+    rogue = rogue_ca.issue("rogue", "intruder", client=True)
+    return {"dir": d, "server_ca": server_ca, "server": server, "client_ca": client_ca, "client": client, "rogue": rogue}
+
+
+def https(port: int, cafile: Path, path: str = "/metrics", cert=None, auth: tuple[str, str] | None = None):
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    if cert is not None:
+        ctx.load_cert_chain(cert.cert, cert.key)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    headers = {}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    try:
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read(), conn.sock.getpeercert()
+    finally:
+        conn.close()
+
+
+def write_config(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_tls_right_and_wrong_ca_and_rotation(run_exporter, machine, pki):
+    cfg = pki["dir"] / "web.yml"
+    write_config(cfg, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
+    exporter = run_exporter(f"--web.config.file={cfg}")
+    status, headers, body, peer = https(exporter.port, pki["server_ca"].cert_file)
+    assert status == 200 and b"resmon_gpu_up" in body
+    assert headers["x-content-type-options"] == "nosniff"
+    with pytest.raises(ssl.SSLCertVerificationError):
+        https(exporter.port, pki["rogue"].cert.with_name("rogue-ca.crt"))
+    plain = raw(exporter.port, b"GET /metrics HTTP/1.1\r\n\r\n", timeout=5)
+    assert b"resmon_gpu_up" not in plain  # no metrics over plain HTTP on a TLS port
+    # rotate the certificate in place: the next connection gets the new one, no restart
+    old_serial = int(peer["serialNumber"], 16)
+    fresh = pki["server_ca"].issue("server-new", "localhost")
+    shutil.copy(fresh.key, pki["dir"] / "server.key")
+    shutil.copy(fresh.cert, pki["dir"] / "server.crt")
+    _, _, _, peer = https(exporter.port, pki["server_ca"].cert_file)
+    assert int(peer["serialNumber"], 16) == fresh.serial != old_serial
+    assert exporter.proc.poll() is None and "Traceback" not in exporter.stderr
+
+
+def test_mtls_requires_a_client_cert_from_the_ca(run_exporter, machine, pki):
+    cfg = pki["dir"] / "web.yml"
+    write_config(cfg, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: client-ca.crt\n")
+    exporter = run_exporter(f"--web.config.file={cfg}")
+    assert https(exporter.port, pki["server_ca"].cert_file, cert=pki["client"])[0] == 200
+    for cert in (None, pki["rogue"]):
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            https(exporter.port, pki["server_ca"].cert_file, cert=cert)
+    assert https(exporter.port, pki["server_ca"].cert_file, cert=pki["client"])[0] == 200
+
+
+def test_basic_auth_right_wrong_missing_and_user_change(run_exporter, machine, pki):
+    cfg = pki["dir"] / "web.yml"
+    alice = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
+    write_config(cfg, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      f"basic_auth_users:\n  alice: '{alice}'\n")
+    exporter = run_exporter(f"--web.config.file={cfg}")
+    ca = pki["server_ca"].cert_file
+    assert https(exporter.port, ca, auth=("alice", "s3cret"))[0] == 200
+    for auth in (None, ("alice", "wrong"), ("mallory", "s3cret"), ("", "")):
+        status, headers, body, _ = https(exporter.port, ca, auth=auth)
+        assert status == 401 and headers["www-authenticate"].startswith("Basic realm=")
+        assert b"resmon_" not in body
+    # users changed in the file: applies without a restart
+    bob = bcrypt.hashpw(b"hunter2", bcrypt.gensalt(4)).decode()
+    write_config(cfg, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                      f"basic_auth_users:\n  bob: '{bob}'\n")
+    assert https(exporter.port, ca, auth=("bob", "hunter2"))[0] == 200
+    assert https(exporter.port, ca, auth=("alice", "s3cret"))[0] == 401
+    # a broken edit is refused; the last good config stays
+    write_config(cfg, "basic_auth_users: {bob: nothash}\n")
+    assert https(exporter.port, ca, auth=("bob", "hunter2"))[0] == 200
+    assert "web config reload failed" in exporter.stderr
+
+
+def test_unknown_user_costs_a_bcrypt_check_too(monkeypatch):
+    from exporter.web_config import Authenticator
+
+    calls = []
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw", lambda pw, h: calls.append(h) or real(pw, h))
+    auth = Authenticator({"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))})
+    assert auth.check("mallory", "pw") is False
+    assert auth.check("alice", "nope") is False
+    assert len(calls) == 2  # the unknown user was checked against a dummy hash
+    assert auth.check("alice", "pw") is True and auth.check("alice", "pw") is True
+    assert len(calls) == 3  # the second success came from the cache
+
+
+# -- soak -----------------------------------------------------------------------------------
+
+
+def test_soak_no_growth_of_rss_threads_or_fds(run_exporter, machine):
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    pid = exporter.proc.pid
+    conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=10)
+
+    def burst(seconds: float) -> int:
+        done, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            tick = time.monotonic()
+            conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"} if done % 2 else {})
+            resp = conn.getresponse()
+            assert resp.status == 200
+            resp.read()
+            done += 1
+            time.sleep(max(0.0, 0.05 - (time.monotonic() - tick)))  # 20 scrapes/s
+        return done
+
+    burst(15)  # warm-up: allocator arenas, caches
+    rss0, threads0, fds0 = proc_status(pid, "VmRSS"), proc_status(pid, "Threads"), open_fds(pid)
+    served = burst(90)
+    rss1, threads1, fds1 = proc_status(pid, "VmRSS"), proc_status(pid, "Threads"), open_fds(pid)
+    conn.close()
+    assert served >= 900
+    assert rss1 - rss0 <= 2048, f"RSS grew {rss1 - rss0} kB over {served} scrapes"
+    assert threads1 <= threads0 and fds1 <= fds0, (threads0, threads1, fds0, fds1)

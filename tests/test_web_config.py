@@ -1,0 +1,146 @@
+"""--web.config.file parsing: strict, one clear message per problem; promtool agrees; fuzzed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from certs import CA
+from exporter import web_config
+from exporter.web_config import WebConfigError, parse
+from fakenvml import REPO, nvml_env
+
+EXAMPLE = REPO / "examples" / "web-config.yml"
+HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
+
+
+@pytest.fixture
+def tls_dir(tmp_path: Path) -> Path:
+    ca = CA(tmp_path, "server-ca")
+    issued = ca.issue("server", "localhost")
+    client_ca = CA(tmp_path, "client-ca")
+    assert issued.cert.name == "server.crt" and client_ca.cert_file.name == "client-ca.crt"
+    return tmp_path
+
+
+def test_example_file_parses(tls_dir):
+    shutil.copy(EXAMPLE, tls_dir / "web-config.yml")
+    config = web_config.load(tls_dir / "web-config.yml")
+    assert config.tls is not None and config.tls.client_ca_file == tls_dir / "client-ca.crt"
+    assert ("X-Frame-Options", "deny") in config.headers
+    assert bcrypt.checkpw(b"change-me", config.users["prometheus"])
+
+
+def test_promtool_accepts_the_example(tls_dir):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool missing: scripts/test.sh installs Debian's prometheus package")
+    shutil.copy(EXAMPLE, tls_dir / "web-config.yml")
+    result = subprocess.run([promtool, "check", "web-config", str(tls_dir / "web-config.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key}\nextra: 1\n", "unknown key 'extra'"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_ca: x}\n", "unknown key 'client_ca'"),
+        ("tls_server_config: {cert_file: server.crt}\n", "missing key_file"),
+        ("tls_server_config: {key_file: server.key}\n", "missing cert_file"),
+        ("tls_server_config: {cert_file: nope.crt, key_file: server.key}\n", "nope.crt' does not exist"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_ca_file: client-ca.crt}\n",
+         "client_auth_type is NoClientCert"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_auth_type: RequireAndVerifyClientCert}\n",
+         "needs client_ca_file"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_auth_type: RequireAnyClientCert,"
+         " client_ca_file: client-ca.crt}\n", "RequireAnyClientCert is not supported"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_auth_type: Sometimes}\n", "unknown value"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, min_version: TLS14}\n", "unknown TLS version"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, min_version: TLS13, max_version: TLS12}\n",
+         "min_version is above max_version"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, cipher_suites: [TLS_FAKE]}\n",
+         "unknown cipher suite 'TLS_FAKE'"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, curve_preferences: [CurveP999]}\n", "unknown curve"),
+        ("tls_server_config: {cert_file: server.key, key_file: server.key}\n", "cannot load certificate"),
+        ("http_server_config: {headers: {X-Powered-By: me}}\n", "'X-Powered-By' can not be configured"),
+        ("http_server_config: {headers: {X-Frame-Options: allow}}\n", "invalid value 'allow'"),
+        ("http_server_config: {http2: maybe}\n", "expected bool"),
+        ("http_server_config: {timeout: 1}\n", "unknown key 'timeout'"),
+        ("basic_auth_users: {alice: plaintext}\n", "basic_auth_users.alice: not a bcrypt hash"),
+        ("basic_auth_users: {alice: '$2b$10$short'}\n", "not a bcrypt hash"),
+        (f"basic_auth_users:\n  alice: '{HASH}'\n  alice: '{HASH}'\n", "duplicate key 'alice'"),
+        ("basic_auth_users: [alice]\n", "expected dict"),
+        ("tls_server_config: [\n", "not valid YAML"),
+        ("- just\n- a list\n", "web config: expected dict"),
+    ],
+)
+def test_invalid_files_name_the_problem(tls_dir, text, needle):
+    with pytest.raises(WebConfigError) as err:
+        parse(text, tls_dir)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_valid_variants(tls_dir):
+    empty = parse("", tls_dir)
+    assert empty.tls is None and not empty.users and empty.headers == ()
+    auth_only = parse(f"basic_auth_users:\n  alice: '{HASH}'\n", tls_dir)
+    assert auth_only.tls is None and set(auth_only.users) == {"alice"}
+    tls = parse(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  min_version: TLS13\n"
+        "  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256]\n  curve_preferences: [CurveP256]\n"
+        "http_server_config: {http2: false}\n",
+        tls_dir,
+    )
+    assert tls.tls is not None and tls.tls.curve == "prime256v1"
+    assert tls.tls.context().minimum_version.name == "TLSv1_3"
+
+
+def test_bad_config_is_a_one_line_startup_error(tmp_path):
+    bad = tmp_path / "web.yml"
+    bad.write_text("basic_auth_users: {alice: nothash}\n")
+    for path, needle in ((bad, "not a bcrypt hash"), (tmp_path / "missing.yml", "cannot read")):
+        result = subprocess.run([sys.executable, "-m", "exporter", f"--web.config.file={path}", "--gpu.backend=none"],
+                                env=nvml_env(None, None), cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in result.stderr
+
+
+# -- fuzzing: whatever the file holds, the parser answers with a config or one WebConfigError --
+
+_keys = st.sampled_from(
+    ["tls_server_config", "http_server_config", "basic_auth_users", "cert_file", "key_file", "client_auth_type",
+     "client_ca_file", "min_version", "max_version", "cipher_suites", "headers", "http2", "alice", "x"]
+)
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=12),
+                  st.sampled_from(["server.crt", "server.key", "TLS12", "NoClientCert", HASH, "deny"]))
+_docs = st.recursive(_leaf, lambda children: st.one_of(st.lists(children, max_size=3),
+                                                      st.dictionaries(_keys, children, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=_docs)
+def test_fuzz_structured_documents(tls_dir, doc):
+    try:
+        parse(yaml.safe_dump(doc), tls_dir)
+    except WebConfigError:
+        pass
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_fuzz_raw_text(tls_dir, text):
+    try:
+        parse(text, tls_dir)
+    except WebConfigError:
+        pass
