@@ -6,9 +6,15 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-if ! command -v promtool >/dev/null 2>&1; then
+# Debian's prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool)
+# and docker-compose (offline validation of docker-compose.yml), when missing.
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 command -v gcc >/dev/null 2>&1 || { as_root apt-get update -qq; as_root apt-get install -y -qq gcc libc6-dev >/dev/null; }
 

@@ -1,0 +1,20 @@
+# resmon-exporter image: slim Python, non-root, NVML from the NVIDIA container runtime,
+# the gpu-tracker extra included for hosts where only nvidia-smi / amd-smi work.
+FROM python:3.12-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=utility
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+RUN pip install ".[gpu-tracker]" && rm -rf /src \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin resmon
+
+USER 10001
+WORKDIR /
+EXPOSE 9636
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9636/-/healthy', timeout=4).status == 200 else 1)"]
+ENTRYPOINT ["resmon-exporter"]
+CMD ["--web.listen-address=:9636"]

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Writes the Grafana dashboards (classic JSON, schemaVersion 39) next to this file.
+
+The JSON files are committed; tests/test_dashboards.py fails when they differ from what
+this script writes, so edit here and run `python dashboards/generate.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+SEL = 'job=~"$job", instance=~"$instance"'
+GSEL = SEL + ', gpu=~"$gpu"'
+GPU_LEGEND = "{{instance}} GPU {{gpu}}"
+
+
+def variables() -> list[dict[str, Any]]:
+    def query(name: str, label: str, q: str) -> dict[str, Any]:
+        return {
+            "name": name, "label": label, "type": "query", "datasource": DS,
+            "query": {"query": q, "refId": f"{name}-values"}, "definition": q,
+            "multi": True, "includeAll": True, "allValue": ".*", "refresh": 2, "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        }
+
+    return [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0, "refresh": 1},
+        query("job", "Job", "label_values(resmon_build_info, job)"),
+        query("instance", "Instance", 'label_values(resmon_build_info{job=~"$job"}, instance)'),
+        query("gpu", "GPU", 'label_values(resmon_gpu_info{job=~"$job", instance=~"$instance"}, gpu)'),
+    ]
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, wrapping rows."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = self.y = self.row_h = 0
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
+        if self.x + w > 24:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        panel["id"] = len(self.panels) + 1
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def row(self, title: str) -> None:
+        if self.x:
+            self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
+        self.add({"type": "row", "title": title, "collapsed": False, "panels": []}, 24, 1)
+        self.x, self.y, self.row_h = 0, self.y + 1, 0
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> dict[str, Any]:
+    t: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend or "__auto", "refId": ref}
+    if instant:
+        t["instant"], t["range"] = True, False
+    if table:
+        t["format"] = "table"
+    return t
+
+
+def panel(kind: str, title: str, targets: list[dict[str, Any]], unit: str = "short", description: str = "",
+          **defaults: Any) -> dict[str, Any]:
+    p: dict[str, Any] = {
+        "type": kind, "title": title, "datasource": DS, "targets": targets, "description": description,
+        "fieldConfig": {"defaults": {"unit": unit, **defaults}, "overrides": []}, "options": {},
+    }
+    if kind == "timeseries":
+        p["fieldConfig"]["defaults"]["color"] = {"mode": "palette-classic"}
+        p["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}
+    if kind in ("stat", "gauge", "bargauge"):
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+    return p
+
+
+def ts(title: str, exprs: list[tuple[str, str]], unit: str, **kw: Any) -> dict[str, Any]:
+    refs = "ABCDEFGH"
+    return panel("timeseries", title, [target(e, l, refs[i]) for i, (e, l) in enumerate(exprs)], unit, **kw)
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+VRAM_RATIO = f"1 - resmon_gpu_memory_free_bytes{{{GSEL}}} / resmon_gpu_memory_total_bytes{{{GSEL}}}"
+THROTTLING = (f'sum by (job, instance, gpu, uuid) (resmon_gpu_throttle_active{{{GSEL}, '
+              f'reason!~"gpu_idle|applications_clocks_setting|display_clock_setting"}})')
+
+
+def fleet() -> dict[str, Any]:
+    lay = Layout()
+    lay.row("Fleet")
+    lay.add(panel("stat", "GPUs up", [target(f"sum(resmon_gpu_up{{{GSEL}}})", "up", instant=True)],
+                  description="GPUs that answered in the latest refresh.",
+                  thresholds=thresholds((None, "green"))), 4, 4)
+    lay.add(panel("stat", "GPUs down", [target(f"count(resmon_gpu_up{{{GSEL}}} == 0) or vector(0)", "down", instant=True)],
+                  description="GPUs seen since the exporter started that no longer answer.",
+                  thresholds=thresholds((None, "green"), (1, "red"))), 4, 4)
+    lay.add(panel("stat", "GPUs reported", [target(f"sum(resmon_gpu_devices{{{SEL}}})", "devices", instant=True)]), 4, 4)
+    lay.add(panel("stat", "Exporters up", [target(f"sum(up{{{SEL}}})", "up", instant=True)],
+                  thresholds=thresholds((None, "green"))), 4, 4)
+    lay.add(panel("stat", "GPUs over 90 % VRAM", [target(f"count(({VRAM_RATIO}) > 0.9) or vector(0)", "pressure", instant=True)],
+                  thresholds=thresholds((None, "green"), (1, "orange"))), 4, 4)
+    lay.add(panel("stat", "GPUs throttling", [target(f"count(({THROTTLING}) > 0) or vector(0)", "throttling", instant=True)],
+                  description="Power cap excluded and idle excluded: hardware slowdown, thermal, power brake, sync boost.",
+                  thresholds=thresholds((None, "green"), (1, "orange"))), 4, 4)
+    lay.row("Every GPU")
+    table = panel("table", "GPUs", [
+        target(f"resmon_gpu_info{{{GSEL}}}", "", "A", instant=True, table=True),
+        target(VRAM_RATIO, "", "B", instant=True, table=True),
+        target(f"resmon_gpu_utilization_ratio{{{GSEL}}}", "", "C", instant=True, table=True),
+        target(f"resmon_gpu_temperature_celsius{{{GSEL}}}", "", "D", instant=True, table=True),
+        target(f"resmon_gpu_power_watts{{{GSEL}}}", "", "E", instant=True, table=True),
+        target(f"resmon_gpu_power_limit_watts{{{GSEL}}}", "", "F", instant=True, table=True),
+        target(THROTTLING, "", "G", instant=True, table=True),
+        target(f"resmon_gpu_up{{{GSEL}}}", "", "H", instant=True, table=True),
+    ], description="One row per GPU: VRAM in use (including driver-reserved) as a share of total, utilization, "
+                   "temperature, power against its limit, active throttle reasons, up.")
+    table["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "backend": True},
+            "renameByName": {"Value #B": "VRAM used", "Value #C": "Utilization", "Value #D": "Temperature",
+                             "Value #E": "Power", "Value #F": "Power limit", "Value #G": "Throttle reasons",
+                             "Value #H": "Up"}}},
+    ]
+    table["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+        for name, unit in (("VRAM used", "percentunit"), ("Utilization", "percentunit"), ("Temperature", "celsius"),
+                           ("Power", "watt"), ("Power limit", "watt"))
+    ]
+    lay.add(table, 24, 9)
+    lay.add(panel("bargauge", "VRAM pressure", [target(VRAM_RATIO, GPU_LEGEND, instant=True)], "percentunit",
+                  min=0, max=1, thresholds=thresholds((None, "green"), (0.9, "orange"), (0.97, "red"))), 12, 8)
+    lay.add(ts("GPU utilization", [(f"resmon_gpu_utilization_ratio{{{GSEL}}}", GPU_LEGEND)], "percentunit", min=0, max=1), 12, 8)
+    lay.row("Hosts")
+    lay.add(ts("Host CPU", [(f"resmon_cpu_utilization_ratio{{{SEL}}}", "{{instance}}")], "percentunit", min=0, max=1), 12, 7)
+    lay.add(ts("Host memory used", [(f"resmon_memory_used_bytes{{{SEL}}} / resmon_memory_total_bytes{{{SEL}}}", "{{instance}}")],
+               "percentunit", min=0, max=1), 12, 7)
+    lay.row("Exporter health")
+    lay.add(ts("Collector success", [(f"resmon_collector_success{{{SEL}}}", "{{instance}} {{collector}}")], "short", min=0, max=1), 12, 6)
+    lay.add(ts("Refresh duration", [(f"resmon_collector_duration_seconds{{{SEL}}}", "{{instance}} {{collector}}")], "s"), 12, 6)
+    return dashboard("resmon-fleet", "resmon / Fleet overview", lay.panels, ["resmon", "gpu"])
+
+
+def node() -> dict[str, Any]:
+    lay = Layout()
+    lay.row("Memory and utilization")
+    lay.add(ts("VRAM", [
+        (f"resmon_gpu_memory_used_bytes{{{GSEL}}}", GPU_LEGEND + " used"),
+        (f"resmon_gpu_memory_reserved_bytes{{{GSEL}}}", GPU_LEGEND + " reserved"),
+        (f"resmon_gpu_memory_total_bytes{{{GSEL}}}", GPU_LEGEND + " total"),
+    ], "bytes", min=0), 12, 8)
+    lay.add(ts("Utilization", [
+        (f"resmon_gpu_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " compute"),
+        (f"resmon_gpu_memory_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " memory bandwidth"),
+    ], "percentunit", min=0, max=1), 12, 8)
+    lay.row("Power and thermals")
+    lay.add(ts("Temperature", [(f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND)], "celsius"), 8, 8)
+    lay.add(ts("Power", [
+        (f"resmon_gpu_power_watts{{{GSEL}}}", GPU_LEGEND + " draw"),
+        (f"resmon_gpu_power_limit_watts{{{GSEL}}}", GPU_LEGEND + " limit"),
+    ], "watt", min=0), 8, 8)
+    lay.add(ts("Energy per day", [(f"increase(resmon_gpu_energy_joules_total{{{GSEL}}}[1d]) / 3.6e6", GPU_LEGEND)], "kwatth",
+               description="kWh over the trailing 24 hours, from the energy counter (resets on driver reload are handled by increase())."),
+            8, 8)
+    lay.add(ts("Fan", [(f"resmon_gpu_fan_speed_ratio{{{GSEL}}}", GPU_LEGEND)], "percentunit", min=0,
+               description="Absent on passively cooled boards."), 8, 7)
+    lay.add(ts("P-state", [(f"resmon_gpu_performance_state{{{GSEL}}}", GPU_LEGEND)], "none", min=0, max=15,
+               description="0 is the fastest state."), 8, 7)
+    lay.add(ts("Processes", [(f"resmon_gpu_processes{{{GSEL}}}", GPU_LEGEND)], "short", min=0), 8, 7)
+    lay.row("Clocks and throttling")
+    lay.add(ts("Clocks", [
+        (f"resmon_gpu_clock_hertz{{{GSEL}}}", GPU_LEGEND + " {{clock}}"),
+        (f"resmon_gpu_clock_max_hertz{{{GSEL}, clock=\"sm\"}}", GPU_LEGEND + " sm max"),
+    ], "hertz", min=0), 12, 8)
+    timeline = panel("state-timeline", "Throttle reasons",
+                     [target(f"resmon_gpu_throttle_active{{{GSEL}}}", "GPU {{gpu}} {{reason}}")], "none",
+                     description="Which clock-event reasons are active (1). gpu_idle and sw_power_cap are normal.",
+                     thresholds=thresholds((None, "transparent"), (1, "orange")),
+                     mappings=[{"type": "value", "options": {"0": {"text": "off"}, "1": {"text": "active"}}}])
+    timeline["options"] = {"showValue": "never", "mergeValues": True, "rowHeight": 0.9, "legend": {"showLegend": False}}
+    lay.add(timeline, 12, 8)
+    lay.row("Host")
+    lay.add(ts("CPU", [(f"resmon_cpu_utilization_ratio{{{SEL}}}", "{{instance}} busy")], "percentunit", min=0, max=1), 8, 7)
+    lay.add(ts("Load", [(f"resmon_load1{{{SEL}}}", "{{instance}} 1m"), (f"resmon_load5{{{SEL}}}", "{{instance}} 5m")], "short", min=0), 8, 7)
+    lay.add(ts("Memory", [
+        (f"resmon_memory_used_bytes{{{SEL}}}", "{{instance}} used"),
+        (f"resmon_memory_total_bytes{{{SEL}}}", "{{instance}} total"),
+        (f"resmon_swap_used_bytes{{{SEL}}}", "{{instance}} swap used"),
+    ], "bytes", min=0), 8, 7)
+    lay.row("Exporter")
+    lay.add(ts("Collector success", [(f"resmon_collector_success{{{SEL}}}", "{{instance}} {{collector}}")], "short", min=0, max=1), 8, 6)
+    lay.add(ts("Refresh duration", [(f"resmon_collector_duration_seconds{{{SEL}}}", "{{instance}} {{collector}}")], "s"), 8, 6)
+    lay.add(ts("Cache age", [(f"time() - resmon_last_refresh_timestamp_seconds{{{SEL}}}", "{{instance}} {{collector}}")], "s",
+               description="Age of the data the latest scrape served."), 8, 6)
+    return dashboard("resmon-node", "resmon / Node detail", lay.panels, ["resmon", "gpu"])
+
+
+def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str]) -> dict[str, Any]:
+    return {
+        "uid": uid, "title": title, "tags": tags, "schemaVersion": 39, "version": 1, "editable": True,
+        "graphTooltip": 1, "refresh": "30s", "time": {"from": "now-6h", "to": "now"}, "timezone": "",
+        "timepicker": {}, "annotations": {"list": []}, "links": [
+            {"title": "resmon dashboards", "type": "dashboards", "tags": ["resmon"], "asDropdown": True,
+             "includeVars": True, "keepTime": True},
+        ],
+        "templating": {"list": variables()}, "panels": panels,
+    }
+
+
+def render() -> dict[str, str]:
+    return {f"{d['uid']}.json": json.dumps(d, indent=2) + "\n" for d in (fleet(), node())}
+
+
+if __name__ == "__main__":
+    for name, text in render().items():
+        (HERE / name).write_text(text)
+        print(f"wrote dashboards/{name}")
