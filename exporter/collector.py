@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from .monitor import ResourceMonitor
 from .samples import CPU_MODES, THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, Snapshot
@@ -22,6 +23,9 @@ GPU_LABELS = ["gpu", "uuid"]
 # Deadline for the refresh a scrape may trigger, set by the HTTP server per request
 # (Prometheus' scrape timeout minus an offset); None: the monitor's collect timeout.
 SCRAPE_TIMEOUT: ContextVar[float | None] = ContextVar("resmon_scrape_timeout", default=None)
+# The snapshot a scrape is rendering, pinned by the HTTP router so one scrape reads one
+# snapshot even with --collect.cache-ttl=0; None: ask the monitor.
+PINNED_SNAPSHOT: ContextVar[Snapshot | None] = ContextVar("resmon_pinned_snapshot", default=None)
 
 # (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.
 _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], ...] = (
@@ -96,8 +100,11 @@ FAMILIES: dict[str, str] = {
 }
 
 
-def _gpu_labels(g: GpuSample) -> list[str]:
-    return [str(g.identity.index), g.identity.uuid]
+def _put(family: Metric, labels: dict[str, str], value: float) -> None:
+    """family.add_metric() without re-zipping the label names for every sample: a device's
+    label dicts are built once per scrape and shared (exposition only reads them)."""
+    name = family.name + "_total" if family.type == "counter" else family.name
+    family.samples.append(Sample(name, labels, value))
 
 
 def gpu_families(snap: Snapshot) -> Iterator[Metric]:
@@ -105,6 +112,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     if reading is None:
         return
     devices = reading.devices
+    labels = {id(g): {"gpu": str(g.identity.index), "uuid": g.identity.uuid} for g in devices}
     up_devices = [g for g in devices if g.up]
 
     info = GaugeMetricFamily(
@@ -119,10 +127,10 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     )
     for g in devices:
         ident = g.identity
-        info.add_metric(
-            _gpu_labels(g) + [ident.name, ident.pci_bus_id, reading.driver_version, reading.backend], 1
-        )
-        up.add_metric(_gpu_labels(g), 1 if g.up else 0)
+        base = labels[id(g)]
+        _put(info, {**base, "name": ident.name, "pci_bus_id": ident.pci_bus_id,
+                    "driver_version": reading.driver_version, "backend": reading.backend}, 1)
+        _put(up, base, 1 if g.up else 0)
     yield info
     yield up
 
@@ -131,7 +139,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
         for g in up_devices:
             value = get(g)
             if value is not None:
-                family.add_metric(_gpu_labels(g), value)
+                _put(family, labels[id(g)], value)
         yield family
 
     energy = CounterMetricFamily(
@@ -149,16 +157,17 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
         labels=GPU_LABELS + ["reason"],
     )
     for g in up_devices:
-        labels = _gpu_labels(g)
+        base = labels[id(g)]
         if g.energy_joules is not None:
-            energy.add_metric(labels, g.energy_joules)
+            _put(energy, base, g.energy_joules)
         for kind, hertz in g.clock_hertz:
-            clock.add_metric(labels + [kind], hertz)
+            _put(clock, {**base, "clock": kind}, hertz)
         for kind, hertz in g.identity.clock_max_hertz:
-            clock_max.add_metric(labels + [kind], hertz)
+            _put(clock_max, {**base, "clock": kind}, hertz)
         if g.throttle_reasons is not None:
+            mask = g.throttle_reasons
             for reason, bit in THROTTLE_REASONS:
-                throttle.add_metric(labels + [reason], 1 if g.throttle_reasons & bit else 0)
+                _put(throttle, {**base, "reason": reason}, 1 if mask & bit else 0)
     yield energy
     yield clock
     yield clock_max
@@ -254,4 +263,5 @@ class ResourceCollector(Collector):
                 yield GaugeMetricFamily(name, "")
 
     def collect(self) -> Iterable[Metric]:
-        return list(snapshot_families(self._monitor.snapshot(SCRAPE_TIMEOUT.get())))
+        snap = PINNED_SNAPSHOT.get() or self._monitor.snapshot(SCRAPE_TIMEOUT.get())
+        return list(snapshot_families(snap))

@@ -6,13 +6,18 @@ page, the telemetry path, /-/healthy and /-/ready, and 404/405 for everything el
 
 from __future__ import annotations
 
+import gzip
 import html
+import threading
 from typing import Any, Callable, Iterable
+from urllib.parse import parse_qs
 
-from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from .collector import PINNED_SNAPSHOT, SCRAPE_TIMEOUT
 from .monitor import ResourceMonitor
+from .samples import Snapshot
 from .version import __version__
 
 StartResponse = Callable[..., Any]
@@ -42,11 +47,40 @@ def landing_page(telemetry_path: str) -> bytes:
 """.encode()
 
 
+class RenderCache:
+    """Rendered expositions of the current snapshot, one per format (text or OpenMetrics,
+    gzip or not). A scrape inside the cache window then costs a lookup instead of a render;
+    a new snapshot drops them all. The client library's process_* and python_* values are
+    therefore as old as the snapshot (at most --collect.cache-ttl)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snap: Snapshot | None = None
+        self._bodies: dict[tuple[str, bool], bytes] = {}
+
+    def get(self, snap: Snapshot, key: tuple[str, bool], render: Callable[[], bytes]) -> bytes:
+        with self._lock:
+            if self._snap is snap and key in self._bodies:
+                return self._bodies[key]
+        body = render()
+        with self._lock:
+            if self._snap is not snap:
+                self._snap, self._bodies = snap, {}
+            self._bodies[key] = body
+        return body
+
+
+def _gzip_accepted(header: str | None) -> bool:
+    # as prometheus_client does it: q-values are not weighed
+    return any(part.split(";")[0].strip().lower() == "gzip" for part in (header or "").split(","))
+
+
 class Router:
     """WSGI application with the exporter's routes."""
 
     def __init__(self, registry: CollectorRegistry, monitor: ResourceMonitor, telemetry_path: str) -> None:
-        self._metrics = make_wsgi_app(registry)
+        self._registry = registry
+        self._cache = RenderCache()
         self._monitor = monitor
         self._telemetry_path = telemetry_path
         self._landing = landing_page(telemetry_path)
@@ -78,7 +112,7 @@ class Router:
                 [("Allow", _ALLOWED)],
             )
         if path == self._telemetry_path:
-            return self._metrics({**environ, "REQUEST_METHOD": "GET"}, start_response)
+            return self._metrics(environ, start_response)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [self._landing]
@@ -87,6 +121,30 @@ class Router:
         if self._monitor.ready:
             return _plain(start_response, "200 OK", "resmon-exporter is ready.\n")
         return _plain(start_response, "503 Service Unavailable", "resmon-exporter is not ready: first refresh pending.\n")
+
+    def _metrics(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Content negotiation, gzip and ?name[]= as prometheus_client's own app does them."""
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        compress = _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        snap = self._monitor.snapshot(SCRAPE_TIMEOUT.get())
+        token = PINNED_SNAPSHOT.set(snap)
+        try:
+            if names:
+                body = encoder(self._registry.restricted_registry(names))
+                body = gzip.compress(body) if compress else body
+            else:
+                def render() -> bytes:
+                    out = encoder(self._registry)
+                    return gzip.compress(out) if compress else out
+
+                body = self._cache.get(snap, (content_type, compress), render)
+        finally:
+            PINNED_SNAPSHOT.reset(token)
+        headers = [("Content-Type", content_type)] + ([("Content-Encoding", "gzip")] if compress else [])
+        start_response("200 OK", headers)
+        return [body]
+
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

@@ -226,3 +226,20 @@ def test_openmetrics_negotiation_and_gzip(run_exporter, machine):
     assert "# TYPE resmon_gpu_energy_joules counter" in text
     assert "resmon_gpu_energy_joules_total{" in text
     assert Scrape(exporter.request("/metrics")[2].decode()).value("resmon_gpu_devices") == 3
+
+
+def test_rendered_exposition_is_reused_within_the_cache_window(run_exporter, scenario, trace, machine):
+    exporter = run_exporter("--collect.cache-ttl=1h")
+    exporter.wait_ready()
+    first = exporter.request("/metrics")[2]
+    assert exporter.request("/metrics")[2] == first  # same snapshot: the same rendered bytes
+    om = {"Accept": "application/openmetrics-text;version=1.0.0"}
+    assert exporter.request("/metrics", headers=om)[2] != first  # each format rendered on its own
+    assert exporter.request("/metrics", headers=om)[2].rstrip().endswith(b"# EOF")
+    assert trace.count("nvmlDeviceGetUtilizationRates", device=0) == 1
+
+    fresh = run_exporter("--collect.cache-ttl=0")
+    fresh.wait_ready()
+    scenario.update(**{"gpu.0.temperature": 77})
+    assert Scrape(fresh.request("/metrics")[2].decode()).value(
+        "resmon_gpu_temperature_celsius", **labels_of(machine, 0)) == 77

@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""resmon-exporter benchmarks on the fake NVML (so NVML's own latency is excluded and what is
+measured is the exporter's overhead). Prints one table; every figure is the median of
+repeated runs with min and max. Nothing here asserts a timing.
+
+    python benchmarks/run.py            # full run (a few minutes)
+    python benchmarks/run.py --quick    # smoke run for CI (seconds; figures are rough)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from fakenvml import Scenario, build_fake, gpu_keys  # noqa: E402  (the test rig's builder)
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+TARGETS = {
+    "scrape_warm_8_p99": ("warm scrape, 8 GPUs, p99", 5.0, "ms"),
+    "scrape_warm_64_p99": ("warm scrape, 64 GPUs, p99", 25.0, "ms"),
+    "refresh_cold_8": ("cold refresh, 8 GPUs, CPU", 3.0, "ms"),
+    "api_warm": ("warm get_current_resources()", 0.1, "ms"),
+    "rss_start": ("RSS after start (NVML path)", 40.0, "MiB"),
+    "idle_wakeups": ("wakeups over the idle window", 0.0, ""),
+}
+
+
+def machine(count: int) -> dict[str, Any]:
+    values: dict[str, Any] = {"count": count}
+    for i in range(count):
+        values.update(gpu_keys(i, util_gpu=(i * 7) % 100, temperature=40 + i % 40, power_mw=100000 + i,
+                               processes=f"{os.getpid()}:1048576"))
+    return values
+
+
+def summary(samples: list[float]) -> tuple[float, float, float]:
+    return statistics.median(samples), min(samples), max(samples)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Env:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.lib = build_fake(root / "lib")
+        self.trace = root / "trace.txt"
+
+    def scenario(self, count: int) -> Scenario:
+        return Scenario(self.root / f"scenario-{count}.txt", machine(count))
+
+    def env(self, scenario: Scenario, trace: bool = False) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RESMON_", "FAKE_NVML_"))}
+        env.update(LD_LIBRARY_PATH=str(self.lib), FAKE_NVML_SCENARIO=str(scenario.path), PYTHONUNBUFFERED="1")
+        if trace:
+            env["FAKE_NVML_TRACE"] = str(self.trace)
+        return env
+
+
+def start_exporter(env: dict[str, str], *flags: str) -> tuple[subprocess.Popen, int, float]:
+    """Start the CLI; return the process, its port and seconds from start to /-/ready."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address=127.0.0.1:0", *flags],
+                            env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    port = None
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "msg=listening" in line:
+            port = int(line.split("address=")[1].split()[0].rsplit(":", 1)[1])
+            break
+    assert port, "exporter did not start"
+    while True:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/-/ready")
+        if conn.getresponse().status == 200:
+            conn.close()
+            return proc, port, time.perf_counter() - t0
+        conn.close()
+        time.sleep(0.002)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(20)
+
+
+def status_kb(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
+
+
+def scrape_latencies(port: int, n: int, accept: str | None, gz: bool) -> list[float]:
+    headers = {}
+    if accept:
+        headers["Accept"] = accept
+    if gz:
+        headers["Accept-Encoding"] = "gzip"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        out.append((time.perf_counter() - t0) * 1000)
+        assert resp.status == 200 and body
+    conn.close()
+    return out
+
+
+# -- in-process measurements (run in a child with LD_LIBRARY_PATH set) ------------------------
+
+
+def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter import ResourceCollector, ResourceMonitor
+    from exporter.collector import snapshot_families
+
+    if kind == "refresh":
+        monitor = ResourceMonitor(cache_ttl=0)
+        monitor.snapshot()  # init, static facts
+        trace = Path(os.environ["FAKE_NVML_TRACE"])
+        before = len(trace.read_text().splitlines())
+        cpu, wall = [], []
+        for _ in range(repeats):
+            c0, w0 = time.process_time(), time.perf_counter()
+            monitor.snapshot()
+            cpu.append((time.process_time() - c0) * 1000)
+            wall.append((time.perf_counter() - w0) * 1000)
+        calls = (len(trace.read_text().splitlines()) - before) / repeats
+        registry = CollectorRegistry()
+        registry.register(ResourceCollector(monitor))
+        snap = monitor.snapshot()
+        build, render = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            families = list(snapshot_families(snap))
+            build.append((time.perf_counter() - t0) * 1000)
+        warm = ResourceMonitor(cache_ttl=3600)
+        warm_registry = CollectorRegistry()
+        warm_registry.register(ResourceCollector(warm))
+        generate_latest(warm_registry)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            generate_latest(warm_registry)
+            render.append((time.perf_counter() - t0) * 1000)
+        return {"cpu": cpu, "wall": wall, "calls": calls, "build": build, "render_total": render,
+                "series": sum(len(f.samples) for f in families)}
+    if kind == "api":
+        warm = ResourceMonitor(cache_ttl=3600)
+        warm.get_current_resources()
+        t0 = time.perf_counter()
+        for _ in range(repeats * 100):
+            warm.get_current_resources()
+        warm_ms = (time.perf_counter() - t0) * 1000 / (repeats * 100)
+        cold = ResourceMonitor(cache_ttl=0)
+        cold.get_current_resources()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            cold.get_current_resources()
+            times.append((time.perf_counter() - t0) * 1000)
+        return {"warm": warm_ms, "cold": statistics.median(times)}
+    if kind == "seed":
+        # The earlier Mai monitor: NVML init/shutdown on every call and a blocking 50 ms CPU read.
+        import psutil
+        import pynvml
+
+        def seed_call() -> dict[str, float]:
+            pynvml.nvmlInit()
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            temp = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+            pynvml.nvmlShutdown()
+            vm = psutil.virtual_memory()
+            return {"cpu": psutil.cpu_percent(interval=0.05), "mem": vm.percent, "vram": mem.free, "u": util.gpu, "t": temp}
+
+        wall, cpu = [], []
+        for _ in range(repeats):
+            c0, w0 = time.process_time(), time.perf_counter()
+            seed_call()
+            cpu.append((time.process_time() - c0) * 1000)
+            wall.append((time.perf_counter() - w0) * 1000)
+        return {"wall": statistics.median(wall), "cpu": statistics.median(cpu)}
+    raise ValueError(kind)
+
+
+def run_inner(env: Env, kind: str, count: int, repeats: int) -> dict[str, Any]:
+    scenario = env.scenario(count)
+    out = subprocess.run([sys.executable, __file__, "--inner", kind, str(count), str(repeats)],
+                         env=env.env(scenario, trace=True), cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+# -- the table -------------------------------------------------------------------------------
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str]] = []
+        self.values: dict[str, float] = {}
+
+    def add(self, name: str, stats: tuple[float, float, float] | float, unit: str, key: str | None = None) -> None:
+        if isinstance(stats, tuple):
+            med, lo, hi = stats
+            text = f"{med:.3f} {unit} (min {lo:.3f}, max {hi:.3f})"
+        else:
+            med = stats
+            text = f"{med:.3f} {unit}".rstrip()
+        target = ""
+        if key:
+            self.values[key] = med
+            label, limit, _ = TARGETS[key]
+            target = f"<= {limit:g} {unit}".rstrip() + ("  ok" if med <= limit else "  MISSED")
+        self.rows.append((name, text, target))
+
+    def print(self) -> None:
+        w0 = max(len(r[0]) for r in self.rows)
+        w1 = max(len(r[1]) for r in self.rows)
+        print(f"| {'measure'.ljust(w0)} | {'median (min, max)'.ljust(w1)} | target |")
+        print(f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|--------|")
+        for name, text, target in self.rows:
+            print(f"| {name.ljust(w0)} | {text.ljust(w1)} | {target} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--inner", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.inner[0], int(args.inner[1]), int(args.inner[2]))))
+        return 0
+
+    quick = args.quick
+    runs = 1 if quick else 3
+    scrapes = 50 if quick else 500
+    table = Table()
+    with tempfile.TemporaryDirectory(prefix="resmon-bench-") as tmp:
+        env = Env(Path(tmp))
+        # warm scrapes: the snapshot is cached (TTL 1 h), so this is HTTP + exposition
+        for count in (1, 8, 64):
+            scenario = env.scenario(count)
+            for label, accept, gz in (("text", None, False), ("text+gzip", None, True),
+                                      ("OpenMetrics", OPENMETRICS, False), ("OpenMetrics+gzip", OPENMETRICS, True)):
+                p50s, p99s = [], []
+                for _ in range(runs):
+                    proc, port, _ = start_exporter(env.env(scenario), "--collect.cache-ttl=1h")
+                    try:
+                        scrape_latencies(port, 20, accept, gz)  # warm-up
+                        lat = scrape_latencies(port, scrapes, accept, gz)
+                    finally:
+                        stop(proc)
+                    p50s.append(percentile(lat, 0.5))
+                    p99s.append(percentile(lat, 0.99))
+                key = {8: "scrape_warm_8_p99", 64: "scrape_warm_64_p99"}.get(count) if label == "text" else None
+                table.add(f"warm scrape {count} GPU(s) {label} p50", summary(p50s), "ms")
+                table.add(f"warm scrape {count} GPU(s) {label} p99", summary(p99s), "ms", key)
+        # cold scrapes: TTL 0, so every scrape refreshes NVML and renders (Prometheus scraping
+        # every 15 s against the default 1 s TTL sees this, not the warm figure)
+        for count in (1, 8, 64):
+            scenario = env.scenario(count)
+            for label, accept in (("text", None), ("OpenMetrics", OPENMETRICS)):
+                p50s, p99s = [], []
+                for _ in range(runs):
+                    proc, port, _ = start_exporter(env.env(scenario), "--collect.cache-ttl=0")
+                    try:
+                        scrape_latencies(port, 10, accept, False)
+                        lat = scrape_latencies(port, scrapes // 2, accept, False)
+                    finally:
+                        stop(proc)
+                    p50s.append(percentile(lat, 0.5))
+                    p99s.append(percentile(lat, 0.99))
+                table.add(f"cold scrape {count} GPU(s) {label} p50", summary(p50s), "ms")
+                table.add(f"cold scrape {count} GPU(s) {label} p99", summary(p99s), "ms")
+        # cold refresh cost, NVML calls per refresh, exposition vs collection
+        for count in (1, 8, 64):
+            results = [run_inner(env, "refresh", count, 20 if quick else 200) for _ in range(runs)]
+            table.add(f"cold refresh {count} GPU(s), CPU", summary([statistics.median(r["cpu"]) for r in results]), "ms",
+                      "refresh_cold_8" if count == 8 else None)
+            table.add(f"cold refresh {count} GPU(s), wall", summary([statistics.median(r["wall"]) for r in results]), "ms")
+            table.add(f"NVML calls per refresh, {count} GPU(s)", results[0]["calls"], "")
+            build = statistics.median([statistics.median(r["build"]) for r in results])
+            total = statistics.median([statistics.median(r["render_total"]) for r in results])
+            refresh = statistics.median([statistics.median(r["wall"]) for r in results])
+            table.add(f"{count} GPU(s): families from a snapshot", build, "ms")
+            table.add(f"{count} GPU(s): exposition share of a cold scrape",
+                      100 * total / (total + refresh), "%")
+        # Python API
+        api = [run_inner(env, "api", 1, 20 if quick else 200) for _ in range(runs)]
+        table.add("get_current_resources() warm", summary([r["warm"] for r in api]), "ms", "api_warm")
+        table.add("get_current_resources() cold", summary([r["cold"] for r in api]), "ms")
+        seed = [run_inner(env, "seed", 1, 5 if quick else 40) for _ in range(runs)]
+        table.add("seed Mai approach per call, wall", summary([r["wall"] for r in seed]), "ms")
+        table.add("seed Mai approach per call, CPU", summary([r["cpu"] for r in seed]), "ms")
+        # start-up, memory, idle
+        scenario = env.scenario(8)
+        ready, rss_start, rss_after, idle_cpu, idle_switches = [], [], [], [], []
+        many = 1000 if quick else 10000
+        idle = 5.0 if quick else 60.0
+        for i in range(runs):
+            proc, port, seconds = start_exporter(env.env(scenario))
+            try:
+                ready.append(seconds * 1000)
+                time.sleep(0.5)
+                rss_start.append(status_kb(proc.pid, "VmRSS") / 1024)
+                if i == 0:
+                    scrape_latencies(port, many, None, False)
+                    rss_after.append(status_kb(proc.pid, "VmRSS") / 1024)
+                time.sleep(1.0)
+                c0, s0 = cpu_seconds(proc.pid), switches(proc.pid)
+                time.sleep(idle)
+                idle_cpu.append((cpu_seconds(proc.pid) - c0) * 1000)
+                idle_switches.append(switches(proc.pid) - s0)
+            finally:
+                stop(proc)
+        table.add("start to /-/ready, 8 GPUs", summary(ready), "ms")
+        table.add("RSS after start, 8 GPUs", summary(rss_start), "MiB", "rss_start")
+        table.add(f"RSS after {many} scrapes", summary(rss_after), "MiB")
+        table.add(f"CPU over {idle:g} s idle", summary(idle_cpu), "ms")
+        table.add(f"wakeups (context switches) over {idle:g} s idle", summary([float(s) for s in idle_switches]), "",
+                  "idle_wakeups")
+    print(f"resmon-exporter benchmarks ({'quick' if quick else 'full'}; {runs} run(s) each; python {sys.version.split()[0]}; "
+          f"{os.cpu_count()} CPUs)")
+    table.print()
+    if args.json:
+        Path(args.json).write_text(json.dumps(table.values, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""The benchmark's quick mode runs (a smoke test: no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from fakenvml import REPO
+
+
+def test_quick_benchmark_prints_every_figure(tmp_path):
+    out = tmp_path / "figures.json"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick", f"--json={out}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout
+    for needle in ("warm scrape 8 GPU(s) text p99", "warm scrape 64 GPU(s) OpenMetrics+gzip p50",
+                   "cold scrape 64 GPU(s) text p99", "cold refresh 8 GPU(s), CPU", "NVML calls per refresh, 8 GPU(s)",
+                   "exposition share", "get_current_resources() warm", "get_current_resources() cold",
+                   "seed Mai approach per call", "start to /-/ready", "RSS after start", "RSS after 1000 scrapes",
+                   "CPU over 5 s idle", "wakeups"):
+        assert needle in table, needle
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm", "rss_start",
+                            "idle_wakeups"}
+    assert all(v >= 0 for v in figures.values())
