@@ -10,7 +10,6 @@ repeated runs with min and max. Nothing here asserts a timing.
 from __future__ import annotations
 
 import argparse
-import gzip
 import http.client
 import json
 import os
@@ -20,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from .monitor import ResourceMonitor
-from .samples import CPU_MODES, THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, Snapshot
+from .samples import THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, Snapshot
 from .version import __version__
 
 GPU_LABELS = ["gpu", "uuid"]

@@ -61,11 +61,6 @@ class _Worker(Generic[T]):
             self._jobs.put(self._pending)
             return self._pending
 
-    @property
-    def busy(self) -> bool:
-        with self._lock:
-            return self._pending is not None and not self._pending.done()
-
     def wait_idle(self, timeout: float) -> bool:
         """True once no run is in flight (waiting up to timeout seconds)."""
         with self._lock:

@@ -124,7 +124,7 @@ class Router:
 
     def _metrics(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Content negotiation, gzip and ?name[]= as prometheus_client's own app does them."""
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT"))
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
         compress = _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
         names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
         snap = self._monitor.snapshot(SCRAPE_TIMEOUT.get())

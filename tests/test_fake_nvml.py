@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fakenvml import REPO, build_fake, nvml_env, nvml_header_dir
+from fakenvml import build_fake, nvml_env, nvml_header_dir
 from scenarios import three_gpus
 
 

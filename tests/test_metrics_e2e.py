@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from fakenvml import Scrape
-from scenarios import GPU_IS_LOST, NOT_SUPPORTED, UNKNOWN, gpu_field, three_gpus
+from scenarios import GPU_IS_LOST, UNKNOWN, gpu_field, three_gpus
 
 REASONS = {
     "gpu_idle": 0x001,
@@ -42,7 +42,7 @@ def test_every_gpu_family_and_value(run_exporter, machine):
     assert s.value("resmon_gpu_backend_info", backend="nvml") == 1
     for i in range(3):
         lab = labels_of(machine, i)
-        f = lambda key: gpu_field(machine, i, key)  # noqa: E731
+        f = lambda key, i=i: gpu_field(machine, i, key)  # noqa: E731
         info = s.series("resmon_gpu_info", **lab)
         assert info == [
             (

@@ -117,9 +117,9 @@ def test_worker_never_runs_two_calls_at_once():
 
     worker = _Worker(slow, "test")
     first = worker.submit()
-    assert worker.submit() is first and worker.busy
+    assert worker.submit() is first and not worker.wait_idle(0.05)
     release.set()
-    assert first.result(10) == 1
+    assert first.result(10) == 1 and worker.wait_idle(1)
     second = worker.submit()
     assert second is not first and second.result(10) == 2
 

@@ -15,7 +15,10 @@ class BackendError(Exception):
 
 
 class GpuBackend(Protocol):
-    name: str
+    @property
+    def name(self) -> str:
+        """nvml, gpu-tracker or none: what resmon_gpu_backend_info reports."""
+        ...
 
     def read(self) -> GpuReading:
         """Read every device once. Must not raise for device or driver faults."""

@@ -40,7 +40,7 @@ def load_adapter() -> ModuleType:
 def detect_vendor(timeout: float) -> tuple[str | None, list[str]]:
     """The first vendor CLI that answers (NVIDIA first), and why the others did not."""
     adapter = load_adapter()
-    reasons = []
+    reasons: list[str] = []
     for vendor in ("nvidia", "amd"):
         why = adapter.available(vendor, timeout)
         if why is None:

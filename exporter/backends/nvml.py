@@ -139,10 +139,6 @@ class NvmlBackend:
 
     # -- lifecycle --------------------------------------------------------------------
 
-    @property
-    def initialised(self) -> bool:
-        return self._initialised
-
     def try_init(self) -> bool:
         """Initialise NVML unless the backoff says wait; True when it is usable."""
         if self._initialised:
