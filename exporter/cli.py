@@ -218,17 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: Config, warnings: Sequence[str] = ()) -> int:
     # Imported here so --help and --version stay fast and touch no GPU library.
-    import asyncio
     from pathlib import Path
 
-    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
-    from prometheus_client.registry import CollectorRegistry
-
     from . import logs
-    from .collector import ResourceCollector
     from .monitor import ResourceMonitor
-    from .server import HttpServer, Limits
-    from .web import Router, parse_listen_address
+    from .serve import serve
     from .web_config import WebConfigError, WebConfigSource
 
     log = logs.setup(config.log_level, config.log_format)
@@ -252,50 +246,9 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 
-    registry = CollectorRegistry()
-    for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-        registry.register(default)
-    registry.register(ResourceCollector(monitor))
-    limits = Limits(
-        max_requests=config.web_max_requests,
-        read_header_timeout=config.web_read_header_timeout,
-        idle_timeout=config.web_idle_timeout,
-        timeout_offset=config.web_timeout_offset,
-        collect_timeout=config.collect_timeout,
-    )
-    server = HttpServer(Router(registry, monitor, config.web_telemetry_path), web, limits, log, config.web_telemetry_path)
-    host, port = parse_listen_address(config.web_listen_address)
-
-    async def serve() -> int:
-        try:
-            bound = await server.start(host, port)
-        except OSError as exc:
-            log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
-            return 1
-        addr = bound[0]
-        log.info(
-            "listening",
-            extra=logs.fields(
-                address=f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}",
-                telemetry_path=config.web_telemetry_path,
-                tls=web.tls_enabled,
-                version=__version__,
-                gpu_backend=config.gpu_backend,
-            ),
-        )
-        stopped = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopped.set)
-        # First refresh right away, so /-/ready turns 200 without waiting for a scrape.
-        threading.Thread(target=monitor.snapshot, name="resmon-first-refresh", daemon=True).start()
-        await stopped.wait()
-        log.info("shutting down")
-        await server.shutdown(grace=config.collect_timeout + 5.0)
-        return 0
-
+    monitor.start()  # start-up probing and the first read, outside any scrape deadline
     try:
-        code = asyncio.run(serve())
+        return serve(config, monitor, web, log)
     finally:
         monitor.close()
-    return code
+

@@ -262,6 +262,11 @@ class ResourceCollector(Collector):
             else:
                 yield GaugeMetricFamily(name, "")
 
+    def families(self, snap: Snapshot) -> list[Metric]:
+        """The families of one given snapshot: the HTTP router renders a pinned snapshot
+        through this, so one scrape reads one snapshot."""
+        return list(snapshot_families(snap))
+
     def collect(self) -> Iterable[Metric]:
         snap = PINNED_SNAPSHOT.get() or self._monitor.snapshot(SCRAPE_TIMEOUT.get())
-        return list(snapshot_families(snap))
+        return self.families(snap)

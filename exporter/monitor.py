@@ -116,6 +116,11 @@ class ResourceMonitor:
         self._gpu_stuck = False
         self._closed = False
 
+    def start(self) -> None:
+        """Begin start-up probing and the first read in the background (the CLI calls this;
+        an application may, to have data before its first call)."""
+        threading.Thread(target=self.snapshot, name="resmon-first-refresh", daemon=True).start()
+
     # -- snapshot ---------------------------------------------------------------------
 
     @property
