@@ -7,7 +7,6 @@ be registered in any application's CollectorRegistry next to its own metrics.
 from __future__ import annotations
 
 import platform
-from contextvars import ContextVar
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,13 +18,6 @@ from .samples import THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, S
 from .version import __version__
 
 GPU_LABELS = ["gpu", "uuid"]
-
-# Deadline for the refresh a scrape may trigger, set by the HTTP server per request
-# (Prometheus' scrape timeout minus an offset); None: the monitor's collect timeout.
-SCRAPE_TIMEOUT: ContextVar[float | None] = ContextVar("resmon_scrape_timeout", default=None)
-# The snapshot a scrape is rendering, pinned by the HTTP router so one scrape reads one
-# snapshot even with --collect.cache-ttl=0; None: ask the monitor.
-PINNED_SNAPSHOT: ContextVar[Snapshot | None] = ContextVar("resmon_pinned_snapshot", default=None)
 
 # (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.
 _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], ...] = (
@@ -69,6 +61,10 @@ _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], .
         "Distinct processes in the device's compute and graphics process lists.",
         lambda g: g.processes,
     ),
+)
+
+_MEMORY_USED_V1_HELP = (
+    "VRAM in use in bytes, driver-reserved memory included (this driver has no nvmlDeviceGetMemoryInfo_v2)."
 )
 
 # Every family this collector can emit, with its type: describe() and docs/metrics.md use it.
@@ -135,6 +131,8 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     yield up
 
     for name, doc, get in _GPU_GAUGES:
+        if name == "resmon_gpu_memory_used_bytes" and reading.memory_api == "v1":
+            doc = _MEMORY_USED_V1_HELP
         family = GaugeMetricFamily(name, doc, labels=GPU_LABELS)
         for g in up_devices:
             value = get(g)
@@ -236,7 +234,8 @@ def exporter_families(snap: Snapshot) -> Iterator[Metric]:
     for name, status in statuses:
         success.add_metric([name], 1 if status.success else 0)
         duration.add_metric([name], status.duration_seconds)
-        stamp.add_metric([name], status.timestamp_seconds)
+        if status.timestamp_seconds is not None:  # absent until the collector has read once
+            stamp.add_metric([name], status.timestamp_seconds)
     yield success
     yield duration
     yield stamp
@@ -268,5 +267,4 @@ class ResourceCollector(Collector):
         return list(snapshot_families(snap))
 
     def collect(self) -> Iterable[Metric]:
-        snap = PINNED_SNAPSHOT.get() or self._monitor.snapshot(SCRAPE_TIMEOUT.get())
-        return self.families(snap)
+        return self.families(self._monitor.snapshot())

@@ -1,20 +1,22 @@
 """ResourceMonitor: one cached snapshot of GPUs and host, shared by /metrics and the Python API.
 
-A snapshot younger than cache_ttl is reused. Concurrent callers share one refresh (single
-flight). GPU reads run on one worker thread and are awaited at most until the collection
-deadline: a hung driver call makes that refresh report the GPU collector failed and every
-known GPU down, while host values stay fresh; no second GPU read starts while one hangs.
+A snapshot younger than cache_ttl is reused; concurrent callers share one refresh (single
+flight), and every caller waits at most its own deadline. GPU reads run on one worker
+thread (start-up probing first, outside every deadline). A read in flight longer than
+collect_timeout is a hung driver: known GPUs are reported down until it returns. A caller
+whose own, shorter deadline expires first gets the last completed reading with the GPU
+collector marked unsuccessful, and that answer is not cached for anyone else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import queue
 import threading
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Callable, Generic, TypeVar
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
 
 from .backends import GpuBackend, make_backend
 from .host import HostReader
@@ -22,7 +24,6 @@ from .logs import LOGGER_NAME, fields
 from .samples import CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 
 GIB = 1024**3
-T = TypeVar("T")
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -37,56 +38,140 @@ MAI_KEYS: tuple[str, ...] = (
 )
 
 
-class _Worker(Generic[T]):
-    """A single daemon thread running fn on demand. submit() while a run is in flight returns
-    that run's future, so a hung call never piles up threads. Idle, it blocks on a queue:
-    no wakeups."""
+@dataclass(frozen=True, slots=True)
+class _Completed:
+    """One finished GPU read."""
 
-    def __init__(self, fn: Callable[[], T], name: str) -> None:
-        self._fn = fn
-        self._name = name
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[Future[T]] = queue.SimpleQueue()
-        self._pending: Future[T] | None = None
+    reading: GpuReading
+    duration_seconds: float
+    timestamp_seconds: float  # Unix time the read finished
+    started_monotonic: float
+    seq: int
+
+
+class _GpuReader:
+    """The one thread that talks to the GPU backend: prepare() once, then a read whenever one
+    is asked for and none is in flight (a hung call never piles up threads), then, when the
+    monitor closes, backend.close() after the last read on the same thread (so NVML is never
+    shut down under a running call, nvitop #222). Idle, it blocks on a condition: no wakeups."""
+
+    def __init__(self, backend: GpuBackend, log: logging.Logger) -> None:
+        self._backend = backend
+        self._log = log
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._wanted = False
+        self._inflight_since: float | None = None  # monotonic start of the running read
+        self._prepared = False
+        self._closing = False
+        self._finished = False  # the thread has closed the backend and ended
+        self.last: _Completed | None = None
+        self._seq = 0
 
-    def submit(self) -> Future[T]:
-        with self._lock:
-            if self._pending is not None and not self._pending.done():
-                return self._pending
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._pending = Future()
-            self._jobs.put(self._pending)
-            return self._pending
+    @property
+    def prepared(self) -> bool:
+        return self._prepared
 
-    def wait_idle(self, timeout: float) -> bool:
-        """True once no run is in flight (waiting up to timeout seconds)."""
-        with self._lock:
-            pending = self._pending
-        if pending is None:
-            return True
-        try:
-            pending.exception(timeout=timeout)
-        except FutureTimeout:
-            return False
-        return True
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def completed(self) -> int:
+        return self._seq
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="resmon-gpu", daemon=True)
+            self._thread.start()
+
+    def ensure(self, now: float, max_age: float) -> int:
+        """Make sure a reading at most max_age old (by its start) is or will be available;
+        returns the completion number to wait for."""
+        with self._cond:
+            if self._closing:
+                return self._seq  # no new reads: the caller gets the last one
+            self._start_locked()
+            if self._inflight_since is not None or self._wanted:
+                return self._seq + 1
+            last = self.last
+            if last is not None and last.started_monotonic >= now - max_age:
+                return last.seq  # a read that finished after an earlier caller gave up on it
+            self._wanted = True
+            self._cond.notify_all()
+            return self._seq + 1
+
+    def wait(self, target: int, until: float) -> _Completed | None:
+        """The completion numbered target (or later), waiting until the monotonic time until."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._seq >= target or self._finished, max(0.0, until - time.monotonic()))
+            return self.last if self._seq >= target else None
+
+    def inflight_age(self, now: float) -> float | None:
+        since = self._inflight_since
+        return None if since is None else now - since
 
     def _run(self) -> None:
+        with self._cond:
+            closing = self._closing
+        if not closing:
+            self._call("prepare", self._backend.prepare)
+        with self._cond:
+            self._prepared = True
+            self._cond.notify_all()
         while True:
-            job = self._jobs.get()
-            try:
-                job.set_result(self._fn())
-            except BaseException as exc:  # keep the worker alive; the caller sees the error
-                job.set_exception(exc)
+            with self._cond:
+                self._cond.wait_for(lambda: self._wanted or self._closing)
+                if self._closing:
+                    break
+                self._wanted = False
+                started = self._inflight_since = time.monotonic()
+            clock = time.perf_counter()
+            reading = self._call("read", self._backend.read)
+            duration = time.perf_counter() - clock
+            with self._cond:
+                self._seq += 1
+                self.last = _Completed(
+                    reading or GpuReading(backend=self._backend.name, success=False),
+                    duration, time.time(), started, self._seq,
+                )
+                self._inflight_since = None
+                self._cond.notify_all()
+        self._call("close", self._backend.close)
+        with self._cond:
+            self._finished = True
+            self._cond.notify_all()
+
+    def _call(self, what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # a backend must not raise; if it does, report, don't crash
+            self._log.error(
+                f"GPU backend {what} failed", exc_info=True, extra=fields(error=f"{exc.__class__.__name__}: {exc}")
+            )
+            return None
+
+    def close(self, drain: float) -> bool:
+        """No new reads; the backend is closed on the reader's thread once it is idle. True
+        when that happened within drain seconds."""
+        with self._cond:
+            self._closing = True
+            self._wanted = False
+            self._start_locked()  # never started: it only closes the backend
+            self._cond.notify_all()
+            thread = self._thread
+        assert thread is not None
+        thread.join(drain)
+        return not thread.is_alive()
 
 
 class ResourceMonitor:
     """GPU and host resources, cached for cache_ttl seconds.
 
     memory_threshold and cpu_threshold (percent) keep the Mai assistant's
-    is_system_overloaded() working; the keyword arguments match the CLI flags.
+    is_system_overloaded() working; the keyword arguments match the CLI flags. backend: a
+    GpuBackend object to use instead of gpu_backend. Use it as a context manager, or call
+    close(), to stop its thread and release NVML.
     """
 
     def __init__(
@@ -100,37 +185,54 @@ class ResourceMonitor:
         collect_gpu: bool = True,
         collect_host: bool = True,
         logger: logging.Logger | None = None,
+        backend: GpuBackend | None = None,
     ) -> None:
         self.memory_threshold = memory_threshold
         self.cpu_threshold = cpu_threshold
         self._ttl = cache_ttl
         self._timeout = collect_timeout
         self._log = logger or logging.getLogger(LOGGER_NAME)
-        self._backend: GpuBackend | None = make_backend(gpu_backend, self._log, collect_timeout) if collect_gpu else None
-        self._gpu_worker = _Worker(self._read_gpu, "resmon-gpu") if self._backend else None
+        if collect_gpu and backend is None:
+            backend = make_backend(gpu_backend, self._log, collect_timeout)
+        self._backend: GpuBackend | None = backend if collect_gpu else None
+        self._reader = _GpuReader(self._backend, self._log) if self._backend is not None else None
         self._host = HostReader() if collect_host else None
+        self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
         self._generation = 0
         self._refreshing = False
         self._gpu_stuck = False
+        self._started = False
         self._closed = False
 
+    def __enter__(self) -> "ResourceMonitor":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
     def start(self) -> None:
-        """Begin start-up probing and the first read in the background (the CLI calls this;
-        an application may, to have data before its first call)."""
-        threading.Thread(target=self.snapshot, name="resmon-first-refresh", daemon=True).start()
+        """Begin start-up probing and the first GPU read in the background. After start(),
+        a caller never waits for start-up: until the first read completes it gets host
+        values and the GPU collector unsuccessful (the CLI serves /metrics this way). Without
+        start(), the first caller waits for start-up up to its deadline."""
+        self._started = True
+        if self._reader is not None:
+            self._reader.ensure(time.monotonic(), 0.0)
 
     # -- snapshot ---------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        """True once the first refresh has completed."""
-        return self._snapshot is not None
+        """True once the first GPU read has completed (at once without the GPU collector)."""
+        return self._reader is None or self._reader.completed > 0
 
     def snapshot(self, timeout: float | None = None) -> Snapshot:
-        """The current snapshot, refreshed if older than the TTL. timeout (seconds) bounds a
-        refresh; default: collect_timeout."""
+        """The current snapshot, refreshed if older than the TTL. timeout: this caller's own
+        deadline in seconds (default: collect_timeout); it is never exceeded."""
+        started = time.monotonic()
+        deadline = started + (self._timeout if timeout is None else max(0.0, timeout))
         with self._cond:
             generation = self._generation
             while True:
@@ -144,96 +246,116 @@ class ResourceMonitor:
                 if not self._refreshing:
                     self._refreshing = True
                     break
-                self._cond.wait()
-        snap = None
+                if not self._cond.wait(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                    return self._late(snap, started)
+        snap, publish = None, False
         try:
-            snap = self._refresh(self._timeout if timeout is None else timeout)
+            snap, publish = self._refresh(started, deadline)
         finally:
             with self._cond:
-                if snap is not None:
+                if publish and snap is not None:
                     self._snapshot = snap
                     self._generation += 1
                 self._refreshing = False
                 self._cond.notify_all()
         return snap
 
-    def _refresh(self, timeout: float) -> Snapshot:
-        deadline = time.monotonic() + timeout
-        future = self._gpu_worker.submit() if self._gpu_worker else None  # GPU and host in parallel
-        host, host_status = self._read_host()
-        gpu, gpu_status = self._await_gpu(future, deadline) if future else (None, None)
-        return Snapshot(
-            gpu=gpu,
-            gpu_status=gpu_status,
-            host=host,
-            host_status=host_status,
-            taken_monotonic=time.monotonic(),
-        )
+    def _late(self, snap: Snapshot | None, started: float) -> Snapshot:
+        """For a caller whose deadline passed while another caller's refresh ran: the last
+        snapshot as it was, the GPU part marked unsuccessful."""
+        waited = time.monotonic() - started
+        if snap is None:
+            host, host_status = self._read_host()
+            last = self._reader.last if self._reader is not None else None
+            return Snapshot(
+                gpu=last.reading if last else None,
+                gpu_status=CollectorStatus(False, waited, last.timestamp_seconds if last else None) if self._reader else None,
+                host=host,
+                host_status=host_status,
+                taken_monotonic=time.monotonic(),
+            )
+        if snap.gpu_status is None:
+            return snap
+        return dataclasses.replace(snap, gpu_status=CollectorStatus(False, waited, snap.gpu_status.timestamp_seconds))
 
-    def _read_gpu(self) -> tuple[GpuReading, float, float]:
-        assert self._backend is not None
-        start = time.perf_counter()
-        try:
-            reading = self._backend.read()
-        except Exception as exc:  # a backend must not raise; if it does, report, don't crash
-            self._log.error("GPU backend failed", extra=fields(error=f"{exc.__class__.__name__}: {exc}"))
-            reading = GpuReading(backend=self._backend.name, success=False)
-        return reading, time.perf_counter() - start, time.time()
+    def _refresh(self, started: float, deadline: float) -> tuple[Snapshot, bool]:
+        """A new snapshot, and whether it may be cached for other callers."""
+        reader = self._reader
+        target = reader.ensure(started, self._ttl) if reader is not None else 0  # GPU and host in parallel
+        host, host_status = self._read_host()
+        gpu: GpuReading | None = None
+        gpu_status: CollectorStatus | None = None
+        complete = True
+        if reader is not None:
+            gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
+        snap = Snapshot(gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic())
+        return snap, complete
 
     def _await_gpu(
-        self, future: Future[tuple[GpuReading, float, float]], deadline: float
-    ) -> tuple[GpuReading, CollectorStatus]:
-        start = time.perf_counter()
-        try:
-            reading, duration, stamp = future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
-            if not self._gpu_stuck:
-                self._log.warning(
-                    "GPU read exceeded the collection deadline; reporting GPUs down until it returns",
-                    extra=fields(timeout_seconds=round(self._timeout, 3)),
-                )
-            self._gpu_stuck = True
-            return self._timed_out(), CollectorStatus(False, time.perf_counter() - start, time.time())
-        if self._gpu_stuck:
-            self._log.info("GPU read returned; collection resumed")
-            self._gpu_stuck = False
-        return reading, CollectorStatus(reading.success, duration, stamp)
+        self, reader: _GpuReader, target: int, started: float, deadline: float
+    ) -> tuple[GpuReading | None, CollectorStatus, bool]:
+        while True:
+            now = time.monotonic()
+            until = deadline
+            if self._started and not reader.prepared:
+                until = now  # start-up probing is not waited for by a scrape
+            age = reader.inflight_age(now)
+            if age is not None:
+                until = min(until, now - age + self._timeout)  # when the read becomes "hung"
+            done = reader.wait(target, until)
+            if done is not None:
+                if self._gpu_stuck:
+                    self._log.info("GPU read returned; collection resumed")
+                    self._gpu_stuck = False
+                return done.reading, CollectorStatus(done.reading.success, done.duration_seconds, done.timestamp_seconds), True
+            now = time.monotonic()
+            age = reader.inflight_age(now)
+            if age is not None and age >= self._timeout:
+                return self._hung(reader, age)
+            if now >= deadline or reader.closing or (self._started and not reader.prepared):
+                # this caller's own deadline came first: the last completed reading, as it was
+                last = reader.last
+                status = CollectorStatus(False, now - started, last.timestamp_seconds if last else None)
+                return (last.reading if last else None), status, False
+            # the read started while we waited (start-up finished): wait again with its limit
 
-    def _timed_out(self) -> GpuReading:
-        last = self._snapshot.gpu if self._snapshot is not None else None
+    def _hung(self, reader: _GpuReader, age: float) -> tuple[GpuReading | None, CollectorStatus, bool]:
+        if not self._gpu_stuck:
+            self._log.warning(
+                "GPU read in flight longer than --collect.timeout; reporting GPUs down until it returns",
+                extra=fields(collect_timeout_seconds=round(self._timeout, 3), in_flight_seconds=round(age, 3)),
+            )
+        self._gpu_stuck = True
+        last = reader.last
+        status = CollectorStatus(False, age, last.timestamp_seconds if last else None)
         if last is None:
-            return GpuReading(backend=self._backend.name if self._backend else "none", success=False)
-        return GpuReading(
-            backend=last.backend,
-            success=False,
-            device_count=last.device_count,
-            driver_version=last.driver_version,
-            devices=tuple(GpuSample(d.identity, up=False) for d in last.devices),
-        )
+            return None, status, True  # never read: no devices to report down, and no count
+        reading = last.reading
+        down = dataclasses.replace(reading, success=False, devices=tuple(GpuSample(d.identity, up=False) for d in reading.devices))
+        return down, status, True
 
     def _read_host(self) -> tuple[HostSample | None, CollectorStatus | None]:
         if self._host is None:
             return None, None
         start = time.perf_counter()
         try:
-            sample: HostSample | None = self._host.read()
+            with self._host_lock:  # the CPU delta is state: one reader at a time
+                sample: HostSample | None = self._host.read()
         except Exception as exc:  # /proc unreadable etc.: host collector fails, GPUs keep flowing
             self._log.error("host read failed", extra=fields(error=f"{exc.__class__.__name__}: {exc}"))
             sample = None
         return sample, CollectorStatus(sample is not None, time.perf_counter() - start, time.time())
 
     def close(self, drain: float = 2.0) -> None:
-        """Release NVML: no new reads start, an in-flight one gets drain seconds to finish,
-        and if it does not, NVML is left alone (shutting NVML down under a running call can
-        crash the process, nvitop #222)."""
-        if self._backend is None:
-            return
+        """Stop the GPU thread and release NVML: no new reads start, an in-flight one gets
+        drain seconds to finish, and if it does not, NVML is left alone (shutting NVML down
+        under a running call can crash the process, nvitop #222). Idempotent."""
         with self._cond:
+            if self._closed:
+                return
             self._closed = True
-        if self._gpu_worker is not None and not self._gpu_worker.wait_idle(drain):
+        if self._reader is not None and not self._reader.close(drain):
             self._log.warning("GPU call still in flight at shutdown; leaving NVML as it is")
-            return
-        self._backend.close()
 
     # -- Mai API ----------------------------------------------------------------------
 
@@ -263,15 +385,51 @@ class ResourceMonitor:
                 out["gpu_temperature_c"] = gpu.temperature_celsius
         return out
 
+    def get_gpus(self) -> list[dict[str, Any]]:
+        """One dict per GPU from the same snapshot as /metrics: index, uuid, name, up, memory
+        total/used/free in bytes, utilization and memory utilization ratios (0-1),
+        temperature (celsius), power (watts); None where the device does not report it."""
+        snap = self.snapshot()
+        if snap.gpu is None:
+            return []
+        return [
+            {
+                "index": g.identity.index,
+                "uuid": g.identity.uuid,
+                "name": g.identity.name,
+                "up": g.up,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_used_bytes": g.memory_used_bytes,
+                "memory_free_bytes": g.memory_free_bytes,
+                "utilization_ratio": g.utilization_ratio,
+                "memory_utilization_ratio": g.memory_utilization_ratio,
+                "temperature_celsius": g.temperature_celsius,
+                "power_watts": g.power_watts,
+            }
+            for g in snap.gpu.devices
+        ]
+
     def can_load_model(self, model_size_gb: float) -> bool:
-        """Mai's rule: available RAM >= 1.5 x the model, and free VRAM >= the model when the
-        host has a GPU."""
-        res = self.get_current_resources()
-        if res["available_memory_gb"] < model_size_gb * 1.5:
+        """Mai's rule: available RAM >= 1.5 x the model, and free VRAM on GPU 0 >= the model
+        when the host has a GPU. A GPU that is present but down, or a GPU read that failed
+        or timed out, is not "no GPU": the answer is then False."""
+        snap = self.snapshot()
+        host = snap.host
+        if host is None or host.memory_available_bytes / GIB < model_size_gb * 1.5:
             return False
-        if res["gpu_total_vram_gb"] > 0 and res["gpu_free_vram_gb"] < model_size_gb:
+        if self._reader is None:
+            return True  # GPU collector off: RAM alone, as asked
+        status, reading = snap.gpu_status, snap.gpu
+        if reading is None or status is None or not status.success:
+            return False  # cannot see the GPUs right now
+        gpu = snap.gpu_by_index(0)
+        if gpu is None:
+            return not reading.devices  # no GPU at all; a GPU 0 that vanished is not "none"
+        if not gpu.up:
             return False
-        return True
+        if gpu.memory_free_bytes is None:
+            return True  # no VRAM figures (unified memory): RAM decides
+        return gpu.memory_free_bytes / GIB >= model_size_gb
 
     def is_system_overloaded(self) -> bool:
         res = self.get_current_resources()

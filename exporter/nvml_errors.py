@@ -2,8 +2,9 @@
 
 Every NVML call of the backend goes through call(): a value the device does not support
 comes back as None, a symbol the driver lacks raises Missing (the caller may fall back to
-an older call), a device fault raises DeviceDown, and a library-wide fault raises
-BackendDown (re-initialise later).
+an older call, else the value is absent), a device fault raises DeviceDown, and a
+library-wide fault raises BackendDown (re-initialise later). field() is the same boundary
+for identity fields, which must never take a device down on their own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class DeviceDown(Exception):
     def __init__(self, code: int | None, text: str) -> None:
         super().__init__(text)
         self.code = code
+
+
+class Undecodable(DeviceDown):
+    """The driver answered with text that is not UTF-8: the caller may read the raw bytes."""
 
 
 class BackendDown(Exception):
@@ -87,8 +92,21 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         if code in BACKEND_CODES:
             raise BackendDown(code, describe(exc)) from None
         raise DeviceDown(code, describe(exc)) from None
-    except Exception as exc:  # garbage from the driver (undecodable name, ...): that device only
+    except UnicodeDecodeError as exc:  # a name that is not UTF-8: that field only
+        raise Undecodable(None, f"{exc.__class__.__name__}: {exc}") from None
+    except Exception as exc:  # other garbage from the driver or binding: that device only
         raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
+
+
+def field(fn: Callable[..., T], *args: Any) -> T | None:
+    """An identity field (UUID, name, PCI info): each is tolerant of its own failure, so a
+    device that is lost for metrics but still enumerated keeps its identity. None when the
+    driver lacks the call, does not support it or the device does not answer it; only
+    BackendDown (the library as a whole) propagates."""
+    try:
+        return call(fn, *args)
+    except (Missing, DeviceDown):
+        return None
 
 
 def init_error(exc: BaseException) -> BackendDown:

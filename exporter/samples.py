@@ -69,6 +69,9 @@ class GpuReading:
     device_count: int = 0
     driver_version: str = ""
     devices: tuple[GpuSample, ...] = ()
+    # "v1" when the driver lacks nvmlDeviceGetMemoryInfo_v2: memory used then includes
+    # driver-reserved memory, and the family's HELP says so
+    memory_api: str = "v2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,7 @@ class CollectorStatus:
 
     success: bool
     duration_seconds: float
-    timestamp_seconds: float  # Unix time the values were read
+    timestamp_seconds: float | None  # Unix time the served values were read; None: never read
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +116,8 @@ class Snapshot:
     def gpu_by_index(self, index: int) -> GpuSample | None:
         if self.gpu is None:
             return None
-        for device in self.gpu.devices:
-            if device.identity.index == index:
-                return device
-        return None
+        found = None
+        for device in self.gpu.devices:  # a vanished GPU stays (down) under its last index
+            if device.identity.index == index and (found is None or device.up):
+                found = device
+        return found

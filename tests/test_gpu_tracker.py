@@ -76,7 +76,9 @@ def start(fake_libs, scenario, trace, tmp_path):
         env.update(extra_env or {})
         exporter = Exporter(args, env)
         started.append(exporter)
-        return exporter.wait_listening()
+        exporter.wait_listening()
+        exporter.wait_ready()  # the backend choice is made at start-up, before the first read
+        return exporter
 
     yield run
     for e in started:

@@ -16,7 +16,6 @@ from exporter import nvml_errors
 from exporter.cli import parse_config, parse_duration, UsageError
 from exporter.collector import ResourceCollector
 from exporter.logs import JsonFormatter, LogfmtFormatter, fields
-from exporter.monitor import _Worker
 from exporter.samples import CollectorStatus, GpuIdentity, GpuReading, GpuSample, HostSample, Snapshot
 from exporter.web import parse_listen_address
 from fakenvml import Scrape
@@ -104,24 +103,6 @@ def test_nvml_error_classification(exc, outcome):
     else:
         with pytest.raises(outcome):
             nvml_errors.call(fail)
-
-
-def test_worker_never_runs_two_calls_at_once():
-    release = threading.Event()
-    calls = []
-
-    def slow():
-        calls.append(1)
-        release.wait(10)
-        return len(calls)
-
-    worker = _Worker(slow, "test")
-    first = worker.submit()
-    assert worker.submit() is first and not worker.wait_idle(0.05)
-    release.set()
-    assert first.result(10) == 1 and worker.wait_idle(1)
-    second = worker.submit()
-    assert second is not first and second.result(10) == 2
 
 
 class _CountingMonitor:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+import threading
+from typing import Callable, Protocol, TypeVar
 
 from ..samples import GpuReading
 
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "gpu-tracker", "none")
+T = TypeVar("T")
 
 
 class BackendError(Exception):
@@ -18,6 +20,11 @@ class GpuBackend(Protocol):
     @property
     def name(self) -> str:
         """nvml, gpu-tracker or none: what resmon_gpu_backend_info reports."""
+        ...
+
+    def prepare(self) -> None:
+        """One-time start-up work (library init, probing vendor CLIs), run on the monitor's
+        GPU thread before the first read and outside every scrape deadline."""
         ...
 
     def read(self) -> GpuReading:
@@ -33,6 +40,9 @@ class NoGpuBackend:
     """Host metrics only: reports no devices."""
 
     name = "none"
+
+    def prepare(self) -> None:
+        pass
 
     def read(self) -> GpuReading:
         return GpuReading(backend="none", success=True)
@@ -54,11 +64,33 @@ def make_backend(choice: str, log: logging.Logger, timeout: float = 5.0) -> GpuB
         from .nvml import NvmlBackend
 
         backend = NvmlBackend(log, explicit=True)
-        if not backend.try_init():
+        if not bounded(backend.try_init, timeout, "--gpu.backend=nvml: nvmlInit"):
             raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
         return backend
     if choice == "gpu-tracker":
         from .gpu_tracker import explicit_backend
 
-        return explicit_backend(log, timeout)
+        return bounded(lambda: explicit_backend(log, timeout), timeout * 3 + 1, "--gpu.backend=gpu-tracker: probing")
     raise BackendError(f"unknown GPU backend {choice!r}; choose one of {', '.join(BACKEND_CHOICES)}")
+
+
+def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """fn() on a daemon thread, waited for at most timeout seconds: a start-up call into a
+    wedged driver becomes a BackendError (a one-line startup error), not a hang."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # handed to the caller below
+            error.append(exc)
+
+    thread = threading.Thread(target=target, name="resmon-start", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise BackendError(f"{what} did not return within {timeout:g}s")
+    if error:
+        raise error[0]
+    return result[0]

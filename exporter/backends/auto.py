@@ -35,6 +35,12 @@ class AutoBackend:
     def name(self) -> str:
         return "nvml" if self._nvml_final else (self._fallback.name if self._fallback else "none")
 
+    def prepare(self) -> None:
+        # the choice, with its slow parts (nvmlInit, bare nvidia-smi / amd-smi probes), is
+        # made once here, outside every scrape deadline
+        if not self._nvml_has_gpus():
+            self._choose_fallback()
+
     def read(self) -> GpuReading:
         if self._nvml_final or self._nvml_has_gpus():
             return self._nvml.read()

@@ -49,6 +49,10 @@ def detect_vendor(timeout: float) -> tuple[str | None, list[str]]:
     return None, reasons
 
 
+def _order(sample: GpuSample) -> tuple[int, str]:
+    return sample.identity.index, sample.identity.uuid
+
+
 class GpuTrackerBackend:
     name = "gpu-tracker"
 
@@ -58,8 +62,11 @@ class GpuTrackerBackend:
         self._vendor = vendor
         self._timeout = timeout
         self._totals: dict[str, float | None] | None = None
-        self._identities: dict[int, GpuIdentity] = {}
+        self._identities: dict[str, GpuIdentity] = {}  # by UUID (index where the CLI gives none)
         self._failing = False
+
+    def prepare(self) -> None:
+        pass  # the CLI was probed when this backend was chosen
 
     def read(self) -> GpuReading:
         start = time.monotonic()
@@ -72,16 +79,19 @@ class GpuTrackerBackend:
             return GpuReading(
                 backend=self.name,
                 success=False,
-                devices=tuple(GpuSample(self._identities[i], up=False) for i in sorted(self._identities)),
+                devices=tuple(sorted((GpuSample(i, up=False) for i in self._identities.values()), key=_order)),
             )
         if self._failing:
             self._log.info("GPU CLI answering again", extra=fields(seconds=round(time.monotonic() - start, 3)))
         self._failing = False
         devices = []
+        seen = set()
         for index, gpu in enumerate(gpus):
-            identity = self._identities.get(index)
-            if identity is None or identity.uuid != gpu.uuid:
-                identity = self._identities[index] = GpuIdentity(index=index, uuid=gpu.uuid)
+            key = gpu.uuid or f"#index-{index}"
+            seen.add(key)
+            identity = self._identities.get(key)
+            if identity is None or identity.index != index:
+                identity = self._identities[key] = GpuIdentity(index=index, uuid=gpu.uuid)
             total = gpu.memory_total_mib * MIB if gpu.memory_total_mib is not None else None
             used = gpu.memory_used_mib * MIB if gpu.memory_used_mib is not None else None
             util = gpu.utilization_percent
@@ -95,10 +105,9 @@ class GpuTrackerBackend:
                     utilization_ratio=util / 100.0 if util is not None and util <= 100 else None,
                 )
             )
-        for index in sorted(self._identities):
-            if index >= len(gpus):
-                devices.append(GpuSample(self._identities[index], up=False))
-        return GpuReading(backend=self.name, success=True, device_count=len(gpus), devices=tuple(devices))
+        # a GPU no longer listed stays visible as down, under its last index
+        devices += [GpuSample(i, up=False) for key, i in self._identities.items() if key not in seen]
+        return GpuReading(backend=self.name, success=True, device_count=len(gpus), devices=tuple(sorted(devices, key=_order)))
 
     def close(self) -> None:
         pass

@@ -3,11 +3,18 @@
 NVML is initialised once and kept; if it cannot be initialised (library missing, driver
 not loaded) or stops answering, the backend retries with exponential backoff on later
 refreshes, so GPUs appear without a restart. Retries run only when a refresh asks for
-data: there is no background thread. Every NVML call goes through nvml_errors.call().
+data: there is no background thread. Every NVML call goes through nvml_errors.
+
+Devices are keyed by UUID (PCI bus id where the UUID cannot be read), never by index: NVML
+renumbers after a GPU disappears, so identity, up history and caches follow the UUID and
+`gpu` is just the device's current index. A device no longer enumerated stays visible as
+down under its last index.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -16,7 +23,7 @@ import pynvml
 
 from .. import nvml_errors
 from ..logs import fields
-from ..nvml_errors import BackendDown, DeviceDown, Missing
+from ..nvml_errors import BackendDown, DeviceDown, Missing, Undecodable
 from ..samples import CLOCK_TYPES, GpuIdentity, GpuReading, GpuSample
 
 _U32_NA = 0xFFFFFFFF
@@ -35,6 +42,11 @@ class _Fallback:
 
     def __init__(self, *candidates: Callable[..., Any] | None) -> None:
         self._candidates = [c for c in candidates if c is not None]
+
+    @property
+    def available(self) -> bool:
+        """False once the driver has been found to lack every candidate."""
+        return bool(self._candidates)
 
     def __call__(self, *args: Any) -> Any:
         while self._candidates:
@@ -63,6 +75,15 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):  # old pynvml shims return bytes
         return value.decode("utf-8", "replace")
     return str(value)
+
+
+def _raw_name(handle: Any) -> str:
+    """nvmlDeviceGetName without pynvml's strict UTF-8 decode (a driver or VBIOS with a
+    Latin-1 board name must not make a working GPU look down)."""
+    buf = ctypes.create_string_buffer(96)  # NVML_DEVICE_NAME_V2_BUFFER_SIZE
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetName")
+    pynvml._nvmlCheckReturn(fn(handle, buf, ctypes.c_uint(len(buf))))
+    return buf.value.decode("utf-8", "replace")
 
 
 def _ratio_from_percent(value: int | None) -> float | None:
@@ -102,16 +123,17 @@ class NvmlBackend:
         self._init_failures = 0
         self.last_error = ""
         self._driver_version = ""
-        self._handles: dict[int, Any] = {}
-        self._identities: dict[int, GpuIdentity] = {}  # every device seen since start
-        self._identity_read: set[int] = set()  # read since the latest init
-        self._up: dict[int, bool] = {}
+        self._count = -1  # device count of the previous read: a change means re-enumeration
+        self._handles: dict[int, Any] = {}  # by current index, dropped when the count changes
+        self._identities: dict[str, GpuIdentity] = {}  # every device seen since start, by key
+        self._complete: set[str] = set()  # keys whose identity fields are all known since init
+        self._key_at: dict[int, str] = {}  # index -> key seen there in the previous read
+        self._up: dict[str, bool] = {}
+        self.memory_api = "v2"
         # Newest call first; old drivers fall back (contract: memory v2 -> v1, TemperatureV ->
         # legacy, ClocksEventReasons -> ClocksThrottleReasons, process lists _v3 -> _v2).
-        self._memory = _Fallback(
-            lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
-            pynvml.nvmlDeviceGetMemoryInfo,
-        )
+        self._memory_v2 = _Fallback(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
+        self._memory_v1 = _Fallback(pynvml.nvmlDeviceGetMemoryInfo)
         self._temperature = _Fallback(
             _bind(_optional("nvmlDeviceGetTemperatureV"), pynvml.NVML_TEMPERATURE_GPU),
             _bind(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
@@ -139,6 +161,9 @@ class NvmlBackend:
 
     # -- lifecycle --------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        self.try_init()  # nvmlInit can take seconds without persistence mode: not in a scrape
+
     def try_init(self) -> bool:
         """Initialise NVML unless the backoff says wait; True when it is usable."""
         if self._initialised:
@@ -156,10 +181,11 @@ class NvmlBackend:
         self._init_failures = 0
         self._backoff = self._min_backoff
         self._handles.clear()
-        self._identity_read.clear()
+        self._complete.clear()
+        self._count = -1
         try:
-            self._driver_version = _text(nvml_errors.call(pynvml.nvmlSystemGetDriverVersion))
-        except (DeviceDown, BackendDown, Missing):
+            self._driver_version = _text(nvml_errors.field(pynvml.nvmlSystemGetDriverVersion))
+        except BackendDown:
             self._driver_version = ""
         self._log.info("NVML initialised", extra=fields(driver_version=self._driver_version or "unknown"))
         return True
@@ -168,7 +194,7 @@ class NvmlBackend:
         """Devices NVML enumerates now; 0 when it cannot say."""
         try:
             return nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
-        except (BackendDown, DeviceDown) as err:
+        except (BackendDown, DeviceDown, Missing) as err:
             self.last_error = str(err)
             return 0
 
@@ -192,18 +218,23 @@ class NvmlBackend:
         self._log.warning(
             "NVML stopped answering; re-initialising with backoff", extra=fields(error=str(err))
         )
-        self._initialised = False
+        # release this init before the next nvmlInit: NVML counts inits, and a re-init
+        # without shutdown would leak one reference per driver reload
+        self._shutdown()
         self._handles.clear()
         self._backoff = self._min_backoff
         self._next_attempt = time.monotonic() + self._backoff
 
-    def close(self) -> None:
+    def _shutdown(self) -> None:
         if self._initialised:
             self._initialised = False
             try:
                 pynvml.nvmlShutdown()
-            except Exception:  # shutting down: nothing left to report to
+            except Exception:  # the library is already gone or never answered: nothing to release
                 pass
+
+    def close(self) -> None:
+        self._shutdown()
 
     # -- reading ----------------------------------------------------------------------
 
@@ -212,20 +243,30 @@ class NvmlBackend:
             return self._unavailable()
         try:
             count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
+            if count != self._count:  # re-enumerated: an index may now be another device
+                self._handles.clear()
+                self._count = count
             devices = [self._read_device(i) for i in range(count)]
-        except (BackendDown, DeviceDown) as err:  # count failing means the library, not a device
-            self._lost_backend(err if isinstance(err, BackendDown) else BackendDown(err.code, str(err)))
+        except (BackendDown, DeviceDown, Missing) as err:  # count failing means the library, not a device
+            code = getattr(err, "code", None)
+            self._lost_backend(err if isinstance(err, BackendDown) else BackendDown(code, str(err)))
             return self._unavailable()
-        # A device seen before but no longer enumerated stays visible as down.
-        for index in sorted(self._identities):
-            if index >= count:
-                devices.append(self._down(index, None))
+        by_key: dict[str, GpuSample] = {}
+        for key, sample in devices:  # two indices can claim one key mid re-enumeration: the answering one wins
+            if key not in by_key or sample.up:
+                by_key[key] = sample
+        self._key_at = {sample.identity.index: key for key, sample in by_key.items()}
+        seen = set(by_key)
+        samples = list(by_key.values())
+        # A device seen before but no longer enumerated stays visible as down, under its last index.
+        samples += [self._down(key, None) for key in self._identities if key not in seen]
         return GpuReading(
             backend="nvml",
             success=True,
             device_count=count,
             driver_version=self._driver_version,
-            devices=tuple(devices),
+            devices=tuple(sorted(samples, key=_order)),
+            memory_api=self.memory_api,
         )
 
     def _unavailable(self) -> GpuReading:
@@ -236,53 +277,102 @@ class NvmlBackend:
             backend="nvml" if failing else "none",
             success=not failing,
             driver_version=self._driver_version,
-            devices=tuple(GpuSample(self._identities[i], up=False) for i in sorted(self._identities)),
+            devices=tuple(sorted((GpuSample(i, up=False) for i in self._identities.values()), key=_order)),
+            memory_api=self.memory_api,
         )
 
-    def _down(self, index: int, err: DeviceDown | None) -> GpuSample:
-        self._handles.pop(index, None)
-        identity = self._identities.setdefault(index, GpuIdentity(index=index))
-        if self._up.get(index, True):
+    def _down(self, key: str, err: DeviceDown | None) -> GpuSample:
+        identity = self._identities[key]
+        if self._up.get(key, True):
             self._log.warning(
                 "GPU not answering; reporting resmon_gpu_up 0",
-                extra=fields(gpu=index, uuid=identity.uuid, error=str(err) if err else "no longer enumerated"),
+                extra=fields(gpu=identity.index, uuid=identity.uuid, error=str(err) if err else "no longer enumerated"),
             )
-        self._up[index] = False
+        self._up[key] = False
         return GpuSample(identity, up=False)
 
-    def _read_device(self, index: int) -> GpuSample:
-        try:
-            handle = self._handles.get(index)
-            if handle is None:
+    def _read_device(self, index: int) -> tuple[str, GpuSample]:
+        handle = self._handles.get(index)
+        if handle is None:
+            try:
                 handle = nvml_errors.call(pynvml.nvmlDeviceGetHandleByIndex, index)
-                if handle is None:
-                    raise DeviceDown(None, "no handle")
-                self._handles[index] = handle
-            if index not in self._identity_read:
-                self._identities[index] = self._read_identity(index, handle)
-                self._identity_read.add(index)
-            sample = self._read_values(self._identities[index], handle)
+            except (DeviceDown, Missing):
+                handle = None
+            if handle is None:  # lost at handle: the device that was at this index is down
+                key = self._key_at.get(index) or f"#index-{index}"
+                self._identities.setdefault(key, GpuIdentity(index=index))
+                return key, self._down(key, DeviceDown(None, "no handle"))
+            self._handles[index] = handle
+        key = self._identify(index, handle)
+        try:
+            sample = self._read_values(self._identities[key], handle)
         except DeviceDown as err:
-            return self._down(index, err)
-        if not self._up.get(index, True):
+            self._handles.pop(index, None)
+            return key, self._down(key, err)
+        if not self._up.get(key, True):
             self._log.info("GPU answering again", extra=fields(gpu=index, uuid=sample.identity.uuid))
-        self._up[index] = True
-        return sample
+        self._up[key] = True
+        return key, sample
 
-    def _read_identity(self, index: int, handle: Any) -> GpuIdentity:
-        pci = nvml_errors.call(pynvml.nvmlDeviceGetPciInfo, handle)
-        max_clocks = []
-        for clock in CLOCK_TYPES:
-            hertz = _mhz_to_hertz(self._max_clock(handle, _CLOCK_IDS[clock]))
-            if hertz is not None:
-                max_clocks.append((clock, hertz))
-        return GpuIdentity(
-            index=index,
-            uuid=_text(nvml_errors.call(pynvml.nvmlDeviceGetUUID, handle)),
-            name=_text(nvml_errors.call(pynvml.nvmlDeviceGetName, handle)),
-            pci_bus_id=_text(pci.busId) if pci is not None else "",
-            clock_max_hertz=tuple(max_clocks),
-        )
+    def _identify(self, index: int, handle: Any) -> str:
+        """The key of the device at index now (its UUID is read on every refresh: one cheap
+        call that catches re-enumeration), its identity read field by field until complete."""
+        uuid = _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, handle))
+        pci = ""
+        if not uuid:
+            pci = self._pci_bus_id(handle)
+        key = uuid or pci or self._key_at.get(index) or f"#index-{index}"
+        placeholder = f"#index-{index}"
+        if key != placeholder and placeholder in self._identities:
+            # the device's first answer: its uuid="" series is replaced by the real one
+            self._identities.pop(placeholder)
+            self._up.pop(placeholder, None)
+        old = self._identities.get(key)
+        if old is not None and key in self._complete:
+            if old.index != index:
+                old = self._identities[key] = dataclasses.replace(old, index=index)
+            return key
+        self._identities[key] = self._read_identity(index, handle, uuid, pci, old)
+        return key
+
+    def _pci_bus_id(self, handle: Any) -> str:
+        pci = nvml_errors.field(pynvml.nvmlDeviceGetPciInfo, handle)
+        return _text(pci.busId) if pci is not None else ""
+
+    def _name(self, handle: Any) -> str:
+        try:
+            return _text(nvml_errors.call(pynvml.nvmlDeviceGetName, handle))
+        except Undecodable:
+            return _text(nvml_errors.field(_raw_name, handle))
+        except (DeviceDown, Missing):
+            return ""
+
+    def _read_identity(self, index: int, handle: Any, uuid: str, pci: str, old: GpuIdentity | None) -> GpuIdentity:
+        name = (old.name if old else "") or self._name(handle)
+        pci = (old.pci_bus_id if old else "") or pci or self._pci_bus_id(handle)
+        clocks = old.clock_max_hertz if old else ()
+        if not clocks:
+            found = []
+            for clock in CLOCK_TYPES:
+                try:
+                    hertz = _mhz_to_hertz(self._max_clock(handle, _CLOCK_IDS[clock]))
+                except DeviceDown:
+                    hertz = None
+                if hertz is not None:
+                    found.append((clock, hertz))
+            clocks = tuple(found)
+        identity = GpuIdentity(index=index, uuid=uuid, name=name, pci_bus_id=pci, clock_max_hertz=clocks)
+        if uuid and name and pci:
+            self._complete.add(uuid)
+        return identity
+
+    def _memory(self, handle: Any) -> Any:
+        if self.memory_api == "v2":
+            memory = self._memory_v2(handle)
+            if memory is not None or self._memory_v2.available:
+                return memory
+            self.memory_api = "v1"  # this driver has no v2: used then includes reserved memory
+        return self._memory_v1(handle)
 
     def _read_values(self, identity: GpuIdentity, handle: Any) -> GpuSample:
         total = used = free = reserved = None
@@ -332,3 +422,7 @@ class NvmlBackend:
             return None
         # one process can be in both lists (gpustat #84)
         return len({p.pid for p in (compute or [])} | {p.pid for p in (graphics or [])})
+
+
+def _order(sample: GpuSample) -> tuple[int, str]:
+    return sample.identity.index, sample.identity.uuid
