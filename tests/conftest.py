@@ -1,12 +1,62 @@
 from __future__ import annotations
 
+import inspect
 import shutil
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
+# no silent skips under CI=true (tests/ci_policy.py): pytest picks the hooks up from here
+from ci_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 from fakenvml import Exporter, Scenario, Trace, build_fake, nvml_env
+
+# -- the e2e marker ---------------------------------------------------------------------
+# e2e: a test that starts the exporter as a subprocess or drives Prometheus' tools. The
+# others (unit-level, in-process, the fake NVML rig) are "fast": scripts/test.sh runs them
+# with -m "not e2e" on the lowest and highest supported Python as well.
+# A test is e2e when its function, or any fixture it uses (transitively), refers to one of
+# E2E_NAMES or passes one of E2E_TOOLS as a string. Nobody has to remember the marker;
+# @pytest.mark.e2e by hand still works.
+E2E_NAMES = frozenset({"Exporter", "Stack", "run_exporter"})
+E2E_TOOLS = frozenset({"promtool", "prometheus-alertmanager", "amtool", "docker-compose"})  # the Prometheus server: Stack
+# files whose tests start exporters some other way: the benchmark's quick mode starts its own
+E2E_FILES = frozenset({"test_benchmarks.py"})
+
+
+def _refers_to_e2e(code: types.CodeType) -> bool:
+    if E2E_NAMES & set(code.co_names) or E2E_NAMES & set(code.co_freevars):
+        return True
+    for const in code.co_consts:
+        if isinstance(const, str) and const in E2E_TOOLS:
+            return True
+        if isinstance(const, types.CodeType) and _refers_to_e2e(const):  # nested functions
+            return True
+    return False
+
+
+def _is_e2e(item: pytest.Item) -> bool:
+    if item.get_closest_marker("e2e") or item.path.name in E2E_FILES:
+        return True
+    if "run_exporter" in getattr(item, "fixturenames", ()):
+        return True
+    functions = [getattr(item, "function", None)]
+    fixtureinfo = getattr(item, "_fixtureinfo", None)  # the fixtures of the closure, with their definitions
+    if fixtureinfo is not None:
+        functions += [d.func for defs in fixtureinfo.name2fixturedefs.values() for d in defs]
+    codes = [getattr(inspect.unwrap(f), "__code__", None) for f in functions if f is not None]
+    return any(_refers_to_e2e(c) for c in codes if c is not None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: starts exporter subprocesses or Prometheus tools (set by conftest)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_e2e(item):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
