@@ -1,29 +1,96 @@
 #!/usr/bin/env bash
-# Installs everything the tests need into .venv (and Debian's prometheus for promtool),
-# then runs the test suite. Extra arguments go to pytest.
+# Installs everything the tests need, then runs them. Extra arguments go to every pytest run.
+#
+#   1. the full suite on the system python3 (.venv, newest dependencies);
+#   2. the fast tests (-m "not e2e": no exporter subprocess, no Prometheus; see tests/conftest.py)
+#      on the lowest supported Python with the lowest declared dependency versions
+#      (.venv-3.10, constraints/minimum.txt), and on the highest (.venv-3.13, newest versions).
+#
+# With CI=true nothing may be left out: a missing tool, header or interpreter is an error, and
+# tests/ci_policy.py turns every skipped test into a failure. Without CI, a missing extra Python
+# is reported and its stage left out; RESMON_EXTRA_PYTHONS="" leaves stage 2 out entirely.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+case "${CI:-}" in true | TRUE | True | 1 | yes) ci=1 ;; *) ci=0 ;; esac
+extra_pythons="${RESMON_EXTRA_PYTHONS-3.10 3.13}"
+if [ "$ci" = 1 ]; then extra_pythons="3.10 3.13"; fi  # CI always runs the whole matrix
 
-# Debian's prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool)
-# and docker-compose (offline validation of docker-compose.yml), when missing.
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+die() { echo "test.sh: $*" >&2; exit 1; }
+stage_start=$SECONDS
+stage_done() { echo "test.sh: $1: $((SECONDS - stage_start)) s" >&2; stage_start=$SECONDS; }
+
+# -- system tools ----------------------------------------------------------------------------
+# Debian's prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool),
+# docker-compose (offline validation of docker-compose.yml), gcc (the fake NVML) and binutils
+# (readelf, the fake's symbol check), when missing.
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+command -v readelf >/dev/null 2>&1 || missing+=(binutils)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-command -v gcc >/dev/null 2>&1 || { as_root apt-get update -qq; as_root apt-get install -y -qq gcc libc6-dev >/dev/null; }
 
-python3 -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test]"
-# NVIDIA's official nvml.h (proprietary licence: installed at test time, never committed);
-# the fake NVML is compiled against it when it is there.
-.venv/bin/python -m pip install -q nvidia-nvml-dev \
-  || echo "note: nvidia-nvml-dev could not be installed; the header-checked build of the fake NVML is skipped"
+# -- virtual environments --------------------------------------------------------------------
+# make_venv DIR PYTHON [PIP ARGS...]: DIR with the test extra (and PIP ARGS, e.g. constraints)
+make_venv() {
+  local dir=$1 python=$2
+  shift 2
+  "$python" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$dir/bin/python" -m pip install -q "$@" -e ".[test]"
+  # NVIDIA's official nvml.h (proprietary licence: installed at test time, never committed);
+  # the fake NVML is compiled against it in tests/test_fake_nvml.py.
+  if ! "$dir/bin/python" -m pip install -q nvidia-nvml-dev; then
+    [ "$ci" = 1 ] && die "nvidia-nvml-dev could not be installed into $dir (CI=true: its test may not be skipped)"
+    echo "note: nvidia-nvml-dev could not be installed into $dir; the header-checked build of the fake NVML is skipped" >&2
+  fi
+}
 
-exec .venv/bin/python -m pytest "$@"
+# find_python 3.10: that interpreter from pyenv (these CI machines have one), else from PATH
+find_python() {
+  local version=$1 root candidate
+  root=$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")
+  for candidate in "$root"/versions/"$version".*/bin/python "$(command -v "python$version" || true)"; do
+    if [ -n "$candidate" ] && [ -x "$candidate" ]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+failed=()
+
+# -- 1. full suite, system python -------------------------------------------------------------
+make_venv .venv python3
+stage_done "install .venv ($(.venv/bin/python -V))"
+.venv/bin/python -m pytest "$@" || failed+=("full suite on $(.venv/bin/python -V)")
+stage_done "full suite on $(.venv/bin/python -V)"
+
+# -- 2. fast tests on the lowest and highest supported Python --------------------------------
+for version in $extra_pythons; do
+  if ! python=$(find_python "$version"); then
+    [ "$ci" = 1 ] && die "Python $version not found (looked in $(pyenv root 2>/dev/null || echo ~/.pyenv)/versions and PATH)"
+    echo "note: Python $version not found; its fast tests are left out" >&2
+    continue
+  fi
+  constraints=()
+  # the oldest Python gets the oldest dependency versions pyproject.toml declares
+  [ "$version" = 3.10 ] && constraints=(-c constraints/minimum.txt)
+  make_venv ".venv-$version" "$python" "${constraints[@]}"
+  stage_done "install .venv-$version ($("$python" -V)${constraints:+, minimum versions})"
+  ".venv-$version/bin/python" -m pytest -m "not e2e" "$@" || failed+=("fast tests on Python $version")
+  stage_done "fast tests on Python $version"
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "test.sh: all passed" >&2
