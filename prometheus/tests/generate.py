@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
 """Writes resmon.rules.test.yml: promtool unit tests showing every alert of
-../rules/resmon.rules.yml firing and not firing. The expected annotations are rendered from
-the rules file itself, so editing a message only needs a re-run:
+../rules/resmon.rules.yml firing and not firing.
+
+The expected labels and annotations are written out here literally, as the on-call engineer
+reads them, and are NOT derived from the rules file: a changed template, threshold, severity
+or message fails `promtool test rules` until this script says the same. After changing one:
     python prometheus/tests/generate.py && promtool test rules prometheus/tests/resmon.rules.test.yml
-tests/test_alert_rules.py fails when the committed file differs from this script's output.
+tests/test_stack.py fails when the committed file differs from this script's output.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
-RULES = HERE.parent / "rules" / "resmon.rules.yml"
 H1 = {"job": "resmon", "instance": "gpu-host-1:9636"}
 H2 = {"job": "resmon", "instance": "gpu-host-2:9636"}
 
@@ -28,38 +29,18 @@ def series(name: str, labels: dict[str, str]) -> str:
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
-def go_value(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
-
-
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    def sub(m: re.Match[str]) -> str:
-        expr = m.group(1).strip()
-        if expr == "$value":
-            return go_value(value)
-        if expr == "$value | humanizePercentage":
-            return f"{value * 100:.4g}%"
-        if expr.startswith("$labels."):
-            return labels.get(expr[len("$labels."):], "")
-        raise ValueError(f"template {expr!r} not supported by this generator")
-
-    return re.sub(r"{{(.*?)}}", sub, template)
-
-
-def alerts() -> dict[str, dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
-
-
-RULE = alerts()
-
-
-def firing(alert: str, labels: dict[str, str], value: float) -> dict[str, Any]:
-    rule = RULE[alert]
+def firing(labels: dict[str, str], severity: str, summary: str, description: str, runbook: str) -> dict[str, Any]:
+    """One expected alert: its series' labels plus severity, and its three annotations as rendered."""
     return {
-        "exp_labels": {**labels, **rule.get("labels", {})},
-        "exp_annotations": {k: render(v, labels, value) for k, v in rule["annotations"].items()},
+        "exp_labels": {**labels, "severity": severity},
+        "exp_annotations": {"summary": summary, "description": description, "runbook": runbook},
     }
+
+
+# runbooks are constant per alert
+RUNBOOK = {
+    "vram": "Find the processes holding VRAM (nvidia-smi), stop or move a job, or lower batch sizes.",
+}
 
 
 def check(eval_time: str, alert: str, *expected: dict[str, Any]) -> dict[str, Any]:
@@ -79,10 +60,19 @@ def tests() -> list[dict[str, Any]]:
         ],
         "alert_rule_test": [
             check("3m", "ResmonGpuVramPressure"),  # pending: for 5m
-            check("10m", "ResmonGpuVramPressure", firing("ResmonGpuVramPressure", gpu(0), 1 - 5 / 100),
-                  firing("ResmonGpuVramPressure", gpu(1), 1 - 2 / 100)),
+            check("10m", "ResmonGpuVramPressure",
+                  firing(gpu(0), "warning", "GPU 0 on gpu-host-1:9636 has used 95% of its VRAM",
+                         "VRAM in use (driver-reserved included) has been above 90 % for 5 minutes on GPU 0 "
+                         "(GPU-00000000). New allocations may fail soon.", RUNBOOK["vram"]),
+                  firing(gpu(1), "warning", "GPU 1 on gpu-host-1:9636 has used 98% of its VRAM",
+                         "VRAM in use (driver-reserved included) has been above 90 % for 5 minutes on GPU 1 "
+                         "(GPU-00000001). New allocations may fail soon.", RUNBOOK["vram"])),
             check("1m", "ResmonGpuVramPressureCritical"),
-            check("10m", "ResmonGpuVramPressureCritical", firing("ResmonGpuVramPressureCritical", gpu(1), 1 - 2 / 100)),
+            check("10m", "ResmonGpuVramPressureCritical",
+                  firing(gpu(1), "critical", "GPU 1 on gpu-host-1:9636 is out of VRAM (98% used)",
+                         "VRAM in use has been above 97 % for 2 minutes on GPU 1 (GPU-00000001): allocations are "
+                         "failing or about to.",
+                         "Free VRAM now: stop the largest job on this GPU or move it; check for leaked CUDA contexts.")),
         ],
         "promql_expr_test": [
             {"expr": "gpu:resmon_gpu_memory_used:ratio", "eval_time": "5m", "exp_samples": [
@@ -101,7 +91,11 @@ def tests() -> list[dict[str, Any]]:
         ],
         "alert_rule_test": [
             check("15m", "ResmonGpuVramFillingUp"),  # predicted below zero from 10m on, pending for 10m
-            check("25m", "ResmonGpuVramFillingUp", firing("ResmonGpuVramFillingUp", gpu(0), -15)),
+            check("25m", "ResmonGpuVramFillingUp",
+                  firing(gpu(0), "warning", "GPU 0 on gpu-host-1:9636 will run out of VRAM within 30 minutes",
+                         "At the trend of the last 30 minutes, free VRAM on GPU 0 (GPU-00000000) reaches zero within "
+                         "30 minutes.",
+                         "Look for a job whose memory keeps growing (a leak or an unbounded cache) and restart or cap it.")),
         ],
     }
     temp = {
@@ -118,12 +112,28 @@ def tests() -> list[dict[str, Any]]:
         ],
         "alert_rule_test": [
             check("5m", "ResmonGpuTemperatureHigh"),
-            check("15m", "ResmonGpuTemperatureHigh", firing("ResmonGpuTemperatureHigh", gpu(0), 90)),
+            check("15m", "ResmonGpuTemperatureHigh",
+                  firing(gpu(0), "warning", "GPU 0 on gpu-host-1:9636 is at 90 C",
+                         "GPU core temperature has been above 85 C for 10 minutes. Safe limits differ by model: tune "
+                         "the threshold for your fleet.",
+                         "Check airflow, fans and the data-centre inlet temperature; compare with the GPU's slowdown "
+                         "temperature (nvidia-smi -q -d TEMPERATURE).")),
             check("3m", "ResmonGpuHwThermalSlowdown"),
             check("10m", "ResmonGpuHwThermalSlowdown",
-                  firing("ResmonGpuHwThermalSlowdown", gpu(0, reason="hw_thermal_slowdown"), 1)),
+                  firing(gpu(0, reason="hw_thermal_slowdown"), "warning",
+                         "GPU 0 on gpu-host-1:9636 is slowed down by hardware thermal protection",
+                         "The hardware thermal slowdown clock-event reason has been active for 5 minutes: the GPU runs "
+                         "at reduced clocks.",
+                         "Treat as overheating: check cooling, fans and inlet temperature; reseat or service the board "
+                         "if it persists.")),
             check("3m", "ResmonGpuPowerBrake"),
-            check("10m", "ResmonGpuPowerBrake", firing("ResmonGpuPowerBrake", gpu(1, reason="hw_power_brake_slowdown"), 1)),
+            check("10m", "ResmonGpuPowerBrake",
+                  firing(gpu(1, reason="hw_power_brake_slowdown"), "warning",
+                         "GPU 1 on gpu-host-1:9636 is held by the power brake",
+                         "The external power brake (hw_power_brake_slowdown) has been active for 5 minutes, usually a "
+                         "PSU or power-delivery problem.",
+                         "Check the node's power supplies and power-capping policy (BMC); the GPU is running at minimum "
+                         "clocks.")),
         ],
     }
     health = {
@@ -148,19 +158,42 @@ def tests() -> list[dict[str, Any]]:
         ],
         "alert_rule_test": [
             check("1m", "ResmonGpuDown"),
-            check("5m", "ResmonGpuDown", firing("ResmonGpuDown", gpu(0), 0)),
+            check("5m", "ResmonGpuDown",
+                  firing(gpu(0), "critical", "GPU 0 on gpu-host-1:9636 does not answer",
+                         "GPU 0 (GPU-00000000) has not answered NVML for 2 minutes (lost, reset required, or the "
+                         "refresh timed out).",
+                         "Check dmesg for Xid errors and nvidia-smi -q; a GPU that fell off the bus needs a reset or a "
+                         "node reboot.")),
             check("25m", "ResmonGpuMissing"),
-            check("45m", "ResmonGpuMissing", firing("ResmonGpuMissing", H1, 7)),
+            check("45m", "ResmonGpuMissing",
+                  firing(H1, "warning", "gpu-host-1:9636 reports fewer GPUs than during the last 6 hours",
+                         "The backend now reports 7 GPUs, fewer than its maximum of the last 6 hours.",
+                         "Check lspci and nvidia-smi -L on the node; a GPU that disappeared needs a reset, reseat or RMA.")),
             check("5m", "ResmonGpuCollectorFailing"),
-            check("15m", "ResmonGpuCollectorFailing", firing("ResmonGpuCollectorFailing", {**H1, "collector": "gpu"}, 0)),
+            check("15m", "ResmonGpuCollectorFailing",
+                  firing({**H1, "collector": "gpu"}, "warning", "resmon on gpu-host-1:9636 cannot read its GPUs",
+                         "The GPU collector has failed for 10 minutes (NVML or the vendor CLI not answering, or "
+                         "refreshes timing out).",
+                         "Read the exporter's log; check the driver (nvidia-smi) and, in containers, the NVIDIA runtime.")),
             check("7m", "ResmonRefreshStale"),  # stale since 5m, pending for 5m
             check("12m", "ResmonRefreshStale",
-                  firing("ResmonRefreshStale", {**H1, "collector": "gpu"}, 720)),
+                  firing({**H1, "collector": "gpu"}, "warning",
+                         "resmon on gpu-host-1:9636 serves data older than 5 minutes (gpu)",
+                         "The gpu values scraped are more than 5 minutes old.",
+                         "Check --collect.cache-ttl and the exporter's log.")),
             check("1m", "ResmonExporterDown"),
-            check("5m", "ResmonExporterDown", firing("ResmonExporterDown", H1, 0)),
+            check("5m", "ResmonExporterDown",
+                  firing(H1, "critical", "resmon-exporter on gpu-host-1:9636 cannot be scraped",
+                         "Prometheus has failed to scrape gpu-host-1:9636 (job resmon) for 2 minutes.",
+                         "Check the exporter's service and its port from the Prometheus host "
+                         "(curl http://HOST:9636/-/healthy).")),
             check("15m", "ResmonExporterAbsent"),  # targets exist
             check("5m", "ResmonHostMemoryPressure"),
-            check("15m", "ResmonHostMemoryPressure", firing("ResmonHostMemoryPressure", H1, 0.05)),
+            check("15m", "ResmonHostMemoryPressure",
+                  firing(H1, "warning", "gpu-host-1:9636 has 5% of its memory available",
+                         "MemAvailable has been below 10 % of MemTotal for 10 minutes.",
+                         "Find the largest processes (ps aux --sort=-rss); data loaders and pinned-memory buffers are "
+                         "usual suspects.")),
         ],
     }
     absent = {
@@ -169,7 +202,11 @@ def tests() -> list[dict[str, Any]]:
         "input_series": [{"series": series("up", {"job": "node", "instance": "other:9100"}), "values": "1x20"}],
         "alert_rule_test": [
             check("5m", "ResmonExporterAbsent"),
-            check("15m", "ResmonExporterAbsent", firing("ResmonExporterAbsent", {}, 1)),
+            check("15m", "ResmonExporterAbsent",
+                  firing({}, "warning", "No resmon-exporter target is configured or discovered",
+                         "Prometheus has had no target in a job matching resmon.* for 10 minutes: GPU alerts cannot "
+                         "fire.",
+                         "Check the scrape configuration or service discovery (job name must match resmon.*).")),
         ],
     }
     return [vram, filling, temp, health, absent]
@@ -177,7 +214,8 @@ def tests() -> list[dict[str, Any]]:
 
 def document() -> str:
     doc = {"rule_files": ["../rules/resmon.rules.yml"], "evaluation_interval": "1m", "tests": tests()}
-    header = "# Generated by generate.py from ../rules/resmon.rules.yml: edit that script, then re-run it.\n"
+    header = ("# Generated by generate.py, whose expected annotations are literal (not read from\n"
+              "# ../rules/resmon.rules.yml): edit that script, then re-run it.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
