@@ -19,6 +19,7 @@ PROG = "resmon-exporter"
 ENV_PREFIX = "RESMON_"
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_HOUR = 3600.0
 
 
 class UsageError(Exception):
@@ -44,16 +45,31 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def _positive_duration(text: str) -> float:
-    seconds = parse_duration(text)
-    if seconds <= 0:
-        raise ValueError(f"invalid duration {text!r}: must be more than zero")
-    return seconds
+def _duration(maximum: float, positive: bool = False) -> Callable[[str], float]:
+    """A duration flag bounded above: a value like 1e10 s would overflow the thread waits
+    and make every scrape fail, so it is refused at start."""
+
+    def check(text: str) -> float:
+        seconds = parse_duration(text)
+        if positive and seconds <= 0:
+            raise ValueError(f"invalid duration {text!r}: must be more than zero")
+        if seconds > maximum:
+            raise ValueError(f"invalid duration {text!r}: at most {_shown(maximum)}")
+        return seconds
+
+    return check
 
 
 def _telemetry_path(text: str) -> str:
-    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready") or "?" in text:
-        raise ValueError(f"invalid telemetry path {text!r}: must start with / and not be /, /-/healthy or /-/ready")
+    # printable ASCII only, no %, ? or #: requests are routed on the decoded path, and a
+    # path a client cannot spell in a request line is a path nobody can scrape
+    if not text.startswith("/") or text in ("/", "/-/healthy", "/-/ready") or any(
+        not 0x21 <= ord(c) <= 0x7E or c in "%?#" for c in text
+    ):
+        raise ValueError(
+            f"invalid telemetry path {text!r}: must start with /, be printable ASCII without %, ? or #, "
+            "and not be /, /-/healthy or /-/ready"
+        )
     return text
 
 
@@ -110,12 +126,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
     Flag("web.config.file", "", str, "exporter-toolkit web config (TLS, basic auth, headers); empty = plain HTTP."),
     Flag("web.max-requests", 40, lambda t: _non_negative_int(t), "Most scrapes served at once; 503 beyond (0 = no limit)."),
-    Flag("web.read-header-timeout", 10.0, _positive_duration, "Time a client has to send a request head."),
-    Flag("web.idle-timeout", 120.0, _positive_duration, "Close kept-alive connections idle this long."),
-    Flag("web.timeout-offset", 0.5, parse_duration, "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
+    Flag("web.read-header-timeout", 10.0, _duration(_HOUR, positive=True), "Time a client has to send a request head."),
+    Flag("web.idle-timeout", 120.0, _duration(_HOUR, positive=True), "Close kept-alive connections idle this long."),
+    Flag("web.timeout-offset", 0.5, _duration(60.0), "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
     Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, gpu-tracker or none."),
-    Flag("collect.cache-ttl", 1.0, parse_duration, "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
-    Flag("collect.timeout", 5.0, _positive_duration, "Longest a refresh may wait for the GPU before reporting it down."),
+    Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
+    Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
     Flag("collector.gpu", True, _bool, "Enable the GPU collector.", boolean=True),
     Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
     Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
@@ -184,11 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None, environ: dict[str, str] | None = None) -> tuple[Config, list[str]]:
     """Flags override environment variables, which override defaults. Returns the config
-    and warnings (unknown RESMON_ variables)."""
+    and warnings (unknown RESMON_ variables). The command line is parsed first, so --help
+    and --version work whatever the environment holds, and a bad RESMON_ value is an error
+    only when no flag overrides it."""
     env = os.environ if environ is None else environ
+    namespace = build_parser().parse_args(argv)
     values: dict[str, Any] = {}
     for flag in FLAGS:
-        if flag.env in env:
+        given = getattr(namespace, flag.dest)
+        if given is not None:
+            values[flag.dest] = given
+        elif flag.env in env:
             try:
                 values[flag.dest] = flag.convert(env[flag.env])
             except ValueError as exc:
@@ -199,11 +221,6 @@ def parse_config(argv: Sequence[str] | None, environ: dict[str, str] | None = No
     warnings = [
         f"ignoring unknown environment variable {name}" for name in sorted(env) if name.startswith(ENV_PREFIX) and name not in known
     ]
-    namespace = build_parser().parse_args(argv)
-    for flag in FLAGS:
-        given = getattr(namespace, flag.dest)
-        if given is not None:
-            values[flag.dest] = given
     return Config(**values), warnings
 
 

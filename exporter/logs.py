@@ -38,12 +38,28 @@ def _logfmt_value(value: Any) -> str:
     return text
 
 
+def _exception_text(formatter: logging.Formatter, record: logging.LogRecord) -> str:
+    """exc_info (and stack_info) as text, so an unexpected error keeps its type and traceback
+    in either format."""
+    text = ""
+    if record.exc_info:
+        text = formatter.formatException(record.exc_info)
+    elif record.exc_text:
+        text = record.exc_text
+    if record.stack_info:
+        text = (text + "\n" if text else "") + formatter.formatStack(record.stack_info)
+    return text
+
+
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         parts = [f"ts={_timestamp(record)}", f"level={_level_name(record)}"]
         parts.append(f"msg={_logfmt_value(record.getMessage())}")
         for key, value in getattr(record, "resmon_fields", {}).items():
             parts.append(f"{key}={_logfmt_value(value)}")
+        exc = _exception_text(self, record)
+        if exc:
+            parts.append(f"exc={_logfmt_value(exc)}")  # one line: the traceback's newlines are escaped
         return " ".join(parts)
 
 
@@ -56,6 +72,9 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in getattr(record, "resmon_fields", {}).items():
             line[key] = value if isinstance(value, (int, float, bool)) or value is None else str(value)
+        exc = _exception_text(self, record)
+        if exc:
+            line["exc"] = exc
         return json.dumps(line)
 
 

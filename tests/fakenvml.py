@@ -237,3 +237,20 @@ def nvml_env(lib_dir: Path | None, scenario: Scenario | None, trace: Trace | Non
         env["FAKE_NVML_TRACE"] = str(trace.path)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+_IN_PROCESS: dict[str, Path] = {}
+
+
+def load_in_process(lib_dir: Path, trace_path: Path) -> Trace:
+    """Load the fake into this (pytest) process, so pynvml runs for real against it here.
+    glibc's dlopen("libnvidia-ml.so.1"), which pynvml's nvmlInit does, returns an object
+    already loaded under that soname, so loading the fake first by full path is enough.
+    Once per process: the first lib_dir and trace path win (the fake opens its trace once)."""
+    import ctypes
+
+    if "lib" not in _IN_PROCESS:
+        os.environ["FAKE_NVML_TRACE"] = str(trace_path)
+        ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+        _IN_PROCESS["lib"], _IN_PROCESS["trace"] = lib_dir, trace_path
+    return Trace(_IN_PROCESS["trace"])

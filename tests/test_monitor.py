@@ -1,0 +1,284 @@
+"""ResourceMonitor's concurrency in-process: waiter deadlines, single flight, hung reads,
+start-up, close, a backend that raises. pynvml runs for real against the fake libnvidia-ml
+loaded into this process. Timing assertions are about deadlines the code promises (a caller
+never waits past its own deadline), with margins of a second or more against much longer
+driver delays, so a slow machine cannot make them pass or fail by luck."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter import ResourceMonitor
+from exporter.samples import GpuReading
+from fakenvml import Scenario, Trace, load_in_process
+from scenarios import DRIVER_NOT_LOADED, three_gpus
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, level: int = logging.DEBUG) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= level]
+
+
+@pytest.fixture
+def nvml(fake_libs, tmp_path_factory, tmp_path, monkeypatch) -> tuple[Scenario, Trace]:
+    trace = load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    trace.clear()
+    scenario = Scenario(tmp_path / "scenario.txt", three_gpus())
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario.path))
+    return scenario, trace
+
+
+@pytest.fixture
+def log(request) -> tuple[logging.Logger, Records]:
+    logger = logging.getLogger(f"test.{request.node.name}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    records = Records()
+    logger.handlers[:] = [records]
+    return logger, records
+
+
+def monitor(log: tuple[logging.Logger, Records], **kwargs: Any) -> ResourceMonitor:
+    return ResourceMonitor(logger=log[0], gpu_backend="nvml", **kwargs)
+
+
+def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def ups(snap) -> list[bool]:
+    return [d.up for d in snap.gpu.devices]
+
+
+def test_a_waiter_gets_its_own_deadline_and_the_last_reading(nvml, log):
+    scenario, _ = nvml
+    with monitor(log, cache_ttl=0, collect_timeout=10) as m:
+        first = m.snapshot()
+        assert first.gpu_status.success and ups(first) == [True] * 3
+        scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 2500})
+        result: dict[str, Any] = {}
+        refresher = threading.Thread(target=lambda: result.setdefault("a", m.snapshot()))
+        refresher.start()
+        wait_until(lambda: m._refreshing)  # A is refreshing, in the driver for 2.5 s
+        started = time.monotonic()
+        late = m.snapshot(timeout=0.3)
+        waited = time.monotonic() - started
+        refresher.join(10)
+    assert waited < 1.5, waited  # its own 0.3 s, not A's 2.5 s read
+    assert late.gpu_status.success is False
+    assert ups(late) == [True] * 3  # the last completed reading, not "down"
+    assert late.gpu_status.timestamp_seconds == first.gpu_status.timestamp_seconds  # its real age
+    assert result["a"].gpu_status.success and result["a"].gpu_status.timestamp_seconds > first.gpu_status.timestamp_seconds
+
+
+def test_a_short_deadline_on_the_first_refresh_is_not_cached_for_anyone(nvml, log):
+    scenario, trace = nvml
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 1500})
+    with monitor(log, cache_ttl=30, collect_timeout=10) as m:
+        hurried = m.snapshot(timeout=0.2)
+        # no reading yet: no GPU families at all (resmon_gpu_devices absent, never 0)
+        assert hurried.gpu is None
+        assert hurried.gpu_status.success is False and hurried.gpu_status.timestamp_seconds is None
+        assert hurried.host is not None and hurried.host_status.success
+        assert not m.ready
+        patient = m.snapshot()  # a 30 s TTL: the hurried answer must not be what it gets
+        assert patient.gpu_status.success and ups(patient) == [True] * 3
+        assert patient.gpu.device_count == 3
+        assert m.ready
+    assert trace.count("nvmlDeviceGetUtilizationRates", device=0) == 1  # the patient caller joined the same read
+
+
+def test_gpus_are_down_only_after_a_read_outlives_collect_timeout(nvml, log):
+    scenario, _ = nvml
+    _, records = log
+    with monitor(log, cache_ttl=0, collect_timeout=1.0) as m:
+        m.snapshot()
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPowerUsage": 4000})
+        read_started = time.monotonic()
+        stale = m.snapshot(timeout=0.3)
+        assert time.monotonic() - read_started < 0.9
+        assert stale.gpu_status.success is False and ups(stale) == [True] * 3  # young read: not a hung driver
+        hung = m.snapshot(timeout=3.0)
+        in_flight = time.monotonic() - read_started
+        assert ups(hung) == [False] * 3 and hung.gpu_status.success is False
+        assert in_flight >= 1.0  # reported down only once the read had run for --collect.timeout
+        assert in_flight < 2.5  # and not held to the caller's 3 s: the hang was known at 1 s
+        warnings = [r for r in records.records if "longer than --collect.timeout" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].resmon_fields["collect_timeout_seconds"] == 1.0
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPowerUsage": None})
+        wait_until(lambda: m.snapshot(timeout=1.0).gpu_status.success, timeout=15)
+        assert ups(m.snapshot()) == [True] * 3
+
+
+def test_start_up_probing_is_outside_every_deadline(nvml, log):
+    scenario, _ = nvml
+    scenario.update(**{"delay_ms.nvmlInitWithFlags": 1500})  # no persistence mode: a slow nvmlInit
+    m = ResourceMonitor(logger=log[0], collect_timeout=1.0)  # auto: the probing happens in prepare
+    with m:
+        m.start()
+        started = time.monotonic()
+        early = m.snapshot()
+        assert time.monotonic() - started < 1.0  # a scrape does not wait for start-up
+        assert early.gpu is None and early.gpu_status.success is False and early.host is not None
+        assert not m.ready
+        wait_until(lambda: m.ready)
+        snap = m.snapshot()
+        # the 1.5 s init is longer than --collect.timeout, and still no GPU was reported down
+        assert snap.gpu_status.success and ups(snap) == [True] * 3
+    assert not any("longer than --collect.timeout" in text for text in log[1].messages())
+
+
+def test_without_start_the_first_caller_waits_for_start_up(nvml, log):
+    scenario, _ = nvml
+    scenario.update(**{"delay_ms.nvmlInitWithFlags": 800})
+    with ResourceMonitor(logger=log[0], collect_timeout=5.0) as m:
+        snap = m.snapshot()
+        assert snap.gpu_status.success and ups(snap) == [True] * 3
+
+
+def test_concurrent_callers_share_one_read(nvml, log):
+    scenario, trace = nvml
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 300})
+    with monitor(log, cache_ttl=30) as m:
+        results: list[Any] = []
+        threads = [threading.Thread(target=lambda: results.append(m.snapshot())) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert len(results) == 12 and len({id(s) for s in results}) == 1
+    assert trace.count("nvmlDeviceGetUtilizationRates", device=0) == 1
+
+
+def gpu_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "resmon-gpu")
+
+
+def test_close_stops_the_thread_and_releases_the_monitor(nvml, log):
+    _, trace = nvml
+    before = gpu_threads()
+    ref = None
+    for _ in range(30):
+        with monitor(log, cache_ttl=0) as m:
+            assert m.snapshot().gpu_status.success
+        ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert gpu_threads() == before  # 30 cycles, no thread left behind
+    assert ref is not None and ref() is None  # nor the monitor itself
+    assert trace.count("nvmlInitWithFlags") == trace.count("nvmlShutdown") == 30
+
+
+def test_close_right_after_start_never_reads_after_shutdown(nvml, log):
+    scenario, trace = nvml
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUtilizationRates": 200})
+    for _ in range(5):
+        trace.clear()
+        m = ResourceMonitor(logger=log[0], cache_ttl=0)
+        m.start()
+        m.close(drain=5)
+        time.sleep(0.3)  # bounded: room for a straggling start-up read to show in the trace
+        lines = trace.lines()
+        if lines:  # the start-up read may or may not have begun; if NVML was used, it ends in shutdown
+            inits = [i for i, (s, _) in enumerate(lines) if s == "nvmlInitWithFlags"]
+            assert lines[-1][0] == "nvmlShutdown", lines[-5:]
+            assert len(inits) == 1 and trace.count("nvmlShutdown") == 1
+
+
+def test_close_waits_for_an_in_flight_read_then_shuts_down(nvml, log):
+    scenario, trace = nvml
+    scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": 800})
+    m = monitor(log, cache_ttl=0)
+    m.start()
+    wait_until(lambda: trace.count("nvmlDeviceGetUtilizationRates", device=2) == 1)
+    m.close(drain=5)
+    lines = trace.lines()
+    assert lines[-1] == ("nvmlShutdown", -1)
+    assert ("nvmlDeviceGetPerformanceState", 2) in lines  # the read ran to its end before shutdown
+    assert m.ready
+
+
+def test_a_hung_nvml_shutdown_is_bounded(nvml, log):
+    scenario, _ = nvml
+    m = monitor(log, cache_ttl=0)
+    m.snapshot()
+    scenario.update(**{"delay_ms.nvmlShutdown": 3000})
+    started = time.monotonic()
+    m.close(drain=0.5)
+    assert time.monotonic() - started < 2.0  # drain 0.5 s, not the 3 s shutdown
+    assert any("still in flight at shutdown" in text for text in log[1].messages(logging.WARNING))
+
+
+def test_reinitialising_after_a_lost_driver_shuts_the_old_init_down(nvml, log):
+    scenario, trace = nvml
+    with monitor(log, cache_ttl=0) as m:
+        m.snapshot()
+        scenario.update(**{"rc.nvmlDeviceGetCount_v2": DRIVER_NOT_LOADED})
+        assert ups(m.snapshot()) == [False] * 3
+        scenario.update(**{"rc.nvmlDeviceGetCount_v2": None})
+        wait_until(lambda: m.snapshot().gpu_status.success, timeout=15)
+        assert trace.count("nvmlInitWithFlags") == 2
+        assert trace.count("nvmlShutdown") == 1  # the lost init was released before the new one
+
+
+class FlakyBackend:
+    """A backend whose read raises twice (a bug in a backend, not a device fault)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.closed = False
+
+    def prepare(self) -> None:
+        pass
+
+    def read(self) -> GpuReading:
+        self.reads += 1
+        if self.reads <= 2:
+            raise RuntimeError("backend bug")
+        return GpuReading(backend=self.name, success=True)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_backend_that_raises_fails_the_gpu_collector_and_recovers(log):
+    backend = FlakyBackend()
+    with ResourceMonitor(logger=log[0], cache_ttl=0, backend=backend) as m:
+        for _ in range(2):
+            snap = m.snapshot()
+            assert snap.gpu_status.success is False and snap.gpu.backend == "flaky"
+            assert snap.host_status.success
+        assert m.snapshot().gpu_status.success is True
+    assert backend.closed
+    errors = [r for r in log[1].records if r.levelno == logging.ERROR]
+    assert len(errors) == 2 and all(r.exc_info and r.exc_info[0] is RuntimeError for r in errors)
+
+
+def test_get_gpus_reports_every_gpu_with_none_for_unsupported(nvml, log):
+    with monitor(log) as m:
+        gpus = m.get_gpus()
+    assert [g["index"] for g in gpus] == [0, 1, 2]
+    assert gpus[0]["uuid"] == three_gpus()["gpu.0.uuid"] and gpus[0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert gpus[0]["memory_total_bytes"] == 80 * 1024**3 and gpus[0]["utilization_ratio"] == 0.87
+    assert gpus[2]["utilization_ratio"] is None and gpus[2]["power_watts"] is None  # L4: not supported
+    assert all(g["up"] for g in gpus)
