@@ -1,17 +1,19 @@
-"""The exporter's HTTP side, wired together: registry, router, server, signals."""
+"""The exporter's HTTP side, wired together: router, server, signals.
+
+SIGTERM/SIGINT: graceful stop within SHUTDOWN_GRACE (under docker stop's 10 s); a second
+one exits at once (128 + the signal number). SIGHUP re-reads the web config.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
-from typing import TYPE_CHECKING
-
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
-from prometheus_client.registry import CollectorRegistry
+import sys
+from typing import TYPE_CHECKING, Any
 
 from . import logs
-from .collector import ResourceCollector
 from .monitor import ResourceMonitor
 from .server import HttpServer, Limits
 from .version import __version__
@@ -21,13 +23,17 @@ from .web_config import WebConfigSource
 if TYPE_CHECKING:
     from .cli import Config
 
+# in-flight requests may finish within this; with the monitor's close after it the process
+# is gone before docker stop's 10 s SIGKILL
+SHUTDOWN_GRACE = 7.0
+
+
+def format_address(addr: tuple[Any, ...]) -> str:
+    return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+
 
 def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log: logging.Logger) -> int:
     """Serve until SIGTERM/SIGINT; the exit code. The monitor is started and closed by the caller."""
-    registry = CollectorRegistry()
-    for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-        registry.register(default)
-    registry.register(ResourceCollector(monitor))
     limits = Limits(
         max_requests=config.web_max_requests,
         read_header_timeout=config.web_read_header_timeout,
@@ -35,7 +41,7 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         timeout_offset=config.web_timeout_offset,
         collect_timeout=config.collect_timeout,
     )
-    server = HttpServer(Router(registry, monitor, config.web_telemetry_path), web, limits, log, config.web_telemetry_path)
+    server = HttpServer(Router(monitor, config.web_telemetry_path), web, limits, log)
     host, port = parse_listen_address(config.web_listen_address)
 
     async def main() -> int:
@@ -44,11 +50,11 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         except OSError as exc:
             log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
             return 1
-        addr = bound[0]
         log.info(
             "listening",
             extra=logs.fields(
-                address=f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}",
+                # every bound address (':port' binds IPv4 and IPv6); the first stays right after address=
+                address=",".join(format_address(a) for a in bound),
                 telemetry_path=config.web_telemetry_path,
                 tls=web.tls_enabled,
                 version=__version__,
@@ -57,11 +63,26 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         )
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[None]] = set()
+
+        def stop(sig: signal.Signals) -> None:
+            if stopped.is_set():  # the second signal: no more waiting
+                log.warning("second signal, exiting now", extra=logs.fields(signal=sig.name))
+                sys.stderr.flush()
+                os._exit(128 + sig.value)
+            stopped.set()
+
+        def reload() -> None:
+            task = loop.create_task(server.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopped.set)
+            loop.add_signal_handler(sig, stop, sig)
+        loop.add_signal_handler(signal.SIGHUP, reload)
         await stopped.wait()
         log.info("shutting down")
-        await server.shutdown(grace=config.collect_timeout + 5.0)
+        await server.shutdown(grace=SHUTDOWN_GRACE)
         return 0
 
     return asyncio.run(main())

@@ -1,39 +1,67 @@
-"""A bounded HTTP/1.1 server for the exporter (asyncio front, small thread pool behind).
+"""A bounded HTTP/1.1 server for the exporter: asyncio connections, h11 framing, small pools.
 
 prometheus_client's server starts an unbounded thread per request and sets no timeouts.
-Here connections live on one event loop, so idle or slow clients cost a socket, not a
-thread: a request's head must arrive within the read-header timeout, an idle keep-alive
-connection is closed after the idle timeout, heads and bodies are size-limited
-(431/413), and at most max_requests scrapes of the telemetry path run at once (503
-beyond; as node_exporter, health checks and the landing page do not count). Requests run
-the WSGI app on a bounded thread pool. TLS and basic auth come from the web config,
-re-read when it changes. SIGTERM/SIGINT: stop accepting, let in-flight requests finish,
-close idle connections, return.
+Here connections live on one event loop and h11 parses requests and frames responses
+(Host on HTTP/1.1, Content-Length syntax, HEAD without a body, Connection semantics).
+What this module adds are the limits:
+
+- every open socket counts against max_connections, from accept (TLS handshake included)
+  until the socket is really closed; at the cap the longest-idle kept-alive connection is
+  evicted (then the oldest one without a request head, then the longest-blocked writer),
+  so idle or silent clients cannot lock a scrape out;
+- at most max_pending connections wait for their first request head (TLS handshake
+  included), the oldest is evicted beyond: that bounds memory held by silent clients;
+- the TLS handshake and the first request head must arrive within the read-header timeout,
+  a kept-alive connection may idle for the idle timeout, a response that the peer does not
+  read within the write timeout aborts the connection;
+- heads over 16 KiB get 431, bodies over 64 KiB 413;
+- basic auth's bcrypt runs on a few dedicated threads with a short queue (429 beyond);
+  repeated credentials are answered from the authenticator's caches on the loop;
+- at most max_requests scrapes of the telemetry path run at once (503 beyond); the other
+  routes are answered on the loop (they cost nothing).
+
+SIGTERM/SIGINT (serve.py): stop accepting, close idle connections, drop queued password
+checks, let in-flight requests finish within the grace, close the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import base64
 import binascii
 import logging
-import re
+import os
 import ssl
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Callable, Iterable
-from urllib.parse import unquote
+from typing import Any
 
-from .collector import SCRAPE_TIMEOUT
+import h11
+
 from .logs import fields
-from .web_config import Authenticator, WebConfigSource
+from .web import Request, Response, Route, Router, decode_path, plain
+from .web_config import WebConfigSource
 
-WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_VERSION = re.compile(rb"^HTTP/1\.[01]$")
 MAX_CONNECTIONS = 512
+MAX_PENDING = 128  # connections without a complete request head yet
+READ_CHUNK = 8192
+# the shortest refresh deadline a scrape can ask for: below this a refresh cannot succeed
+MIN_DEADLINE = 0.25
+# bcrypt is CPU-bound (it releases the GIL): leave a core to the loop and the scrapes
+BCRYPT_WORKERS = max(1, min(4, (os.cpu_count() or 2) // 2))
+BCRYPT_QUEUE = BCRYPT_WORKERS * 2  # password checks running or waiting; 429 beyond
+# how long a request waits for a changed web config to be read before it goes on with the old
+CONFIG_WAIT = 1.0
+CONFIG_RECHECK = 0.5  # kept-alive requests re-check the files at most this often
+# TLS read buffer per connection: asyncio's default is 256 KiB, allocated (and zeroed) up
+# front for each connection; one TLS record is at most 16 KiB (plus overhead).
+TLS_READ_BUFFER = 32 * 1024
+# client-side socket and TLS noise: logged at debug; anything else in the loop is a bug
+_CLIENT_NOISE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError, ssl.SSLError, ssl.CertificateError)
+_CLIENT_GONE = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, h11.ProtocolError)
 
 
 @dataclass(frozen=True)
@@ -47,6 +75,7 @@ class Limits:
     timeout_offset: float = 0.5
     collect_timeout: float = 5.0
     max_connections: int = MAX_CONNECTIONS
+    max_pending: int = MAX_PENDING
 
 
 class _Reject(Exception):
@@ -58,59 +87,23 @@ class _Reject(Exception):
         self.detail = detail or status.phrase
 
 
-@dataclass
-class _Request:
-    method: str
-    target: str
-    version: str
-    headers: dict[str, str]
+class _Conn:
+    """One open socket, for the cap and eviction. state: new (no request head yet), idle
+    (kept alive between requests), busy (a request is being answered), writing (its
+    response is being flushed)."""
 
+    __slots__ = ("writer", "state", "since")
 
-def _response(status: int, reason: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> bytes:
-    lines = [f"HTTP/1.1 {status} {reason}"]
-    names = set()
-    for name, value in headers:
-        names.add(name.lower())
-        lines.append(f"{name}: {value}")
-    if "content-length" not in names:
-        lines.append(f"Content-Length: {len(body)}")
-    lines.append("Connection: keep-alive" if keep_alive else "Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    def __init__(self, writer: asyncio.StreamWriter, now: float) -> None:
+        self.writer = writer
+        self.state = "new"
+        self.since = now
 
+    def set(self, state: str, now: float) -> None:
+        self.state, self.since = state, now
 
-def _plain(status: HTTPStatus, text: str) -> tuple[int, str, list[tuple[str, str]], bytes]:
-    return status.value, status.phrase, [("Content-Type", "text/plain; charset=utf-8")], (text + "\n").encode()
-
-
-def parse_head(head: bytes) -> _Request:
-    """Request line and headers; _Reject(400) for anything malformed."""
-    try:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
-        if len(parts) != 3:
-            raise _Reject(HTTPStatus.BAD_REQUEST, "malformed request line")
-        method, target, version = parts
-        if not _TOKEN.match(method):
-            raise _Reject(HTTPStatus.BAD_REQUEST, "malformed method")
-        if not _VERSION.match(version):
-            raise _Reject(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED if version.startswith(b"HTTP/") else HTTPStatus.BAD_REQUEST)
-        if not target.startswith(b"/") or any(c < 0x21 or c == 0x7F for c in target):
-            raise _Reject(HTTPStatus.BAD_REQUEST, "malformed request target")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(b":")
-            if not sep or not _TOKEN.match(name):
-                raise _Reject(HTTPStatus.BAD_REQUEST, "malformed header line")
-            key = name.decode("ascii").lower()
-            text = value.strip(b" \t").decode("latin-1")
-            if any(c in text for c in "\r\n\0"):
-                raise _Reject(HTTPStatus.BAD_REQUEST, "malformed header value")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        return _Request(method.decode("ascii"), target.decode("ascii"), version.decode("ascii"), headers)
-    except UnicodeDecodeError:
-        raise _Reject(HTTPStatus.BAD_REQUEST, "malformed request") from None
+    def abort(self) -> None:
+        self.writer.transport.abort()
 
 
 def _basic_credentials(header: str | None) -> tuple[str, str] | None:
@@ -123,225 +116,422 @@ def _basic_credentials(header: str | None) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-def call_wsgi(app: WsgiApp, environ: dict[str, Any]) -> tuple[int, str, list[tuple[str, str]], bytes]:
-    captured: list[Any] = []
+def _standalone(status: int, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """A complete 'Connection: close' response framed by h11 when the connection's own h11
+    state cannot send one (no request was parsed, e.g. a head that timed out)."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.next_event()
+    out = conn.send(h11.Response(status_code=status, headers=headers + [("Connection", "close")], reason=_reason(status)))
+    return (out or b"") + (conn.send(h11.Data(data=body)) or b"") + (conn.send(h11.EndOfMessage()) or b"")
 
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-        captured[:] = [status, headers]
 
-    body = b"".join(app(environ, start_response))
-    code, _, reason = captured[0].partition(" ")
-    return int(code), reason, list(captured[1]), body
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def _head_size(event: h11.Request) -> int:
+    return len(event.method) + len(event.target) + 12 + sum(len(k) + len(v) + 4 for k, v in event.headers)
 
 
 class HttpServer:
-    def __init__(
-        self, app: WsgiApp, web: WebConfigSource, limits: Limits, log: logging.Logger, limited_path: str = "/metrics"
-    ) -> None:
-        self._app = app
-        self._limited_path = limited_path
+    def __init__(self, router: Router, web: WebConfigSource, limits: Limits, log: logging.Logger) -> None:
+        self._router = router
         self._web = web
         self._limits = limits
         self._log = log
-        # scrapes plus a few threads for the cheap routes; more requests wait in the pool's queue
-        self._pool = ThreadPoolExecutor(max_workers=(limits.max_requests or 64) + 4, thread_name_prefix="resmon-http")
-        self._active = 0  # requests in the pool
+        # scrapes only: the other routes are answered on the loop
+        self._pool = ThreadPoolExecutor(max_workers=(limits.max_requests or 64), thread_name_prefix="resmon-http")
+        self._bcrypt = ThreadPoolExecutor(max_workers=BCRYPT_WORKERS, thread_name_prefix="resmon-auth")
+        self._config_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="resmon-config")
+        self._refreshing: asyncio.Future[None] | None = None
+        self._last_refresh = 0.0
+        self._conns: dict[_Conn, None] = {}
+        self._active = 0  # requests being answered
         self._scrapes = 0  # of which on the telemetry path
-        self._connections = 0
-        self._idle: set[asyncio.StreamWriter] = set()
+        self._checks = 0  # password checks running or queued
         self._closing = False
         self._server: asyncio.base_events.Server | None = None
         self._drained: asyncio.Event | None = None
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._conns)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> list[tuple[Any, ...]]:
-        """Bind (OSError when the address is taken) and return the bound addresses."""
+        """Bind (OSError when the address is taken) and return every bound address."""
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(self._loop_error)
+        self._route_asyncio_log()
+        asyncio.sslproto.SSLProtocol.max_size = TLS_READ_BUFFER  # type: ignore[attr-defined]
         self._drained = asyncio.Event()
         self._server = await asyncio.start_server(
-            self._handle, host or None, port, limit=self._limits.max_header_bytes, reuse_address=True, backlog=256
+            self._accept, host or None, port, limit=self._limits.max_header_bytes, reuse_address=True, backlog=256
         )
         return [s.getsockname() for s in self._server.sockets]
 
+    def _route_asyncio_log(self) -> None:
+        # asyncio's own warnings (TLS clients misbehaving) in our format, never raw on stderr
+        asyncio_log = logging.getLogger("asyncio")
+        asyncio_log.handlers[:] = list(self._log.handlers)
+        asyncio_log.propagate = False
+        asyncio_log.setLevel(max(self._log.getEffectiveLevel(), logging.WARNING))
+
     async def shutdown(self, grace: float) -> None:
-        """Stop accepting; wait up to grace seconds for in-flight requests; close the rest."""
+        """Stop accepting; drop queued password checks; wait up to grace seconds for
+        in-flight requests; close the rest."""
         self._closing = True
         if self._server is not None:
             self._server.close()
-        for writer in list(self._idle):
-            writer.close()
+        self._bcrypt.shutdown(wait=False, cancel_futures=True)
+        for conn in list(self._conns):
+            if conn.state in ("new", "idle"):
+                conn.abort()
         if self._active and self._drained is not None:
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), grace)
             except asyncio.TimeoutError:
                 self._log.warning("requests still running at shutdown", extra=fields(requests=self._active))
+        for conn in list(self._conns):
+            conn.abort()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._config_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def reload(self) -> None:
+        """SIGHUP: re-read the web config now (logged: reloaded, or the error)."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._config_pool, self._web.refresh, True)
+        except RuntimeError:  # the pool is shut down: we are exiting
+            pass
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        # TLS handshake failures, resets and the like: one debug line, never a traceback
-        self._log.debug("connection error", extra=fields(error=str(context.get("exception") or context.get("message"))))
+        exc = context.get("exception")
+        message = str(context.get("message") or "")
+        client = "transport" in context or "protocol" in context
+        if isinstance(exc, _CLIENT_NOISE) or (isinstance(exc, TimeoutError) and client):
+            self._log.debug("connection error", extra=fields(error=f"{exc.__class__.__name__}: {exc}"))
+            return
+        error = f"{exc.__class__.__name__}: {exc}" if exc is not None else message
+        self._log.error(
+            "unhandled error in the event loop",
+            exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None,
+            extra=fields(error=error, context=message),
+        )
+
+    # -- the web config, read off the loop ------------------------------------------------
+
+    async def _refresh_web(self, per_request: bool) -> None:
+        if not self._web.watched:
+            return
+        loop = asyncio.get_running_loop()
+        if per_request and loop.time() - self._last_refresh < CONFIG_RECHECK:
+            return
+        if self._refreshing is None or self._refreshing.done():
+            self._last_refresh = loop.time()
+            try:
+                self._refreshing = loop.run_in_executor(self._config_pool, self._web.refresh)
+            except RuntimeError:  # shut down
+                return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._refreshing), CONFIG_WAIT)
+        except asyncio.TimeoutError:
+            pass  # a slow file system: serve with the config in force
+        except Exception as exc:
+            self._log.error("web config check failed", extra=fields(error=f"{exc.__class__.__name__}: {exc}"))
 
     # -- connections --------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._connections >= self._limits.max_connections or self._closing:
-            writer.close()
+    def _make_room(self, now: float) -> bool:
+        """Evict so that one more connection fits; False when nothing can be evicted."""
+        limits = self._limits
+        pending = [c for c in self._conns if c.state == "new"]
+        if len(pending) >= limits.max_pending:
+            self._evict(min(pending, key=lambda c: c.since))
+        if len(self._conns) < limits.max_connections:
+            return True
+        for state in ("idle", "new", "writing"):
+            candidates = [c for c in self._conns if c.state == state]
+            if candidates:
+                self._evict(min(candidates, key=lambda c: c.since))
+                return True
+        return False
+
+    def _evict(self, conn: _Conn) -> None:
+        self._conns.pop(conn, None)  # its socket closes on the loop's next turn
+        conn.abort()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        if self._web.tls_enabled:
+            # the ClientHello must reach the TLS layer, not the plain stream: read nothing
+            # until start_tls (which resumes reading) while the config check runs
+            writer.transport.pause_reading()
+        conn = _Conn(writer, loop.time())
+        if self._closing or not self._make_room(conn.since):
+            writer.transport.abort()
             return
-        self._connections += 1
+        self._conns[conn] = None
         try:
-            _, ctx, _ = self._web.current()
-            if ctx is not None and not await self._start_tls(reader, writer, ctx):
-                return
-            first = True
-            while not self._closing:
-                self._idle.add(writer)
-                try:
-                    request, body = await self._read_request(reader, first)
-                finally:
-                    self._idle.discard(writer)
-                if request is None:
-                    return
-                first = False
-                keep = request.version == "HTTP/1.1" and "close" not in request.headers.get("connection", "").lower()
-                keep = keep or "keep-alive" in request.headers.get("connection", "").lower()
-                status, reason, headers, payload = await self._dispatch(request, writer)
-                keep = keep and not self._closing
-                writer.write(_response(status, reason, headers, payload, keep))
-                await asyncio.wait_for(writer.drain(), self._limits.write_timeout)
-                if not keep:
-                    return
-        except _Reject as rej:
-            status, reason, headers, payload = _plain(rej.status, f"{rej.status.value} {rej.detail}")
-            try:
-                writer.write(_response(status, reason, headers, payload, False))
-                await asyncio.wait_for(writer.drain(), self._limits.write_timeout)
-            except (OSError, asyncio.TimeoutError):
-                pass
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):
+            await self._serve(conn, reader, writer)
+        except _CLIENT_GONE:
             pass  # the client went away or stalled: nothing to answer
         finally:
-            self._connections -= 1
-            writer.close()
+            await self._close(writer)
+            self._conns.pop(conn, None)
 
-    async def _start_tls(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: ssl.SSLContext) -> bool:
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        # counted until really closed; a peer that does not read cannot hold the close open
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), 1.0)
+        except (Exception, asyncio.TimeoutError):
+            writer.transport.abort()
+
+    async def _start_tls(self, writer: asyncio.StreamWriter, ctx: ssl.SSLContext, timeout: float) -> bool:
         # Per connection, with the context as it is now: a rotated certificate applies at once.
+        timeout = max(timeout, 0.001)
         try:
             if sys.version_info >= (3, 11):
-                await writer.start_tls(ctx, ssl_handshake_timeout=self._limits.read_header_timeout)
+                await asyncio.wait_for(writer.start_tls(ctx, ssl_handshake_timeout=timeout), timeout + 1)
             else:  # pragma: no cover - Python 3.10
                 loop = asyncio.get_running_loop()
                 protocol = writer.transport.get_protocol()
-                transport = await loop.start_tls(
-                    writer.transport, protocol, ctx, server_side=True,
-                    ssl_handshake_timeout=self._limits.read_header_timeout,
+                transport = await asyncio.wait_for(
+                    loop.start_tls(writer.transport, protocol, ctx, server_side=True, ssl_handshake_timeout=timeout),
+                    timeout + 1,
                 )
                 writer._transport = transport  # type: ignore[attr-defined]
                 protocol._stream_writer = writer  # type: ignore[attr-defined]
         except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError) as exc:
-            self._log.debug("TLS handshake failed", extra=fields(error=str(exc)))
+            self._log.debug("TLS handshake failed", extra=fields(error=str(exc) or exc.__class__.__name__))
             return False
         return True
 
-    async def _read_request(self, reader: asyncio.StreamReader, first: bool) -> tuple[_Request | None, bytes]:
+    async def _serve(self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
         limits = self._limits
-        # a new connection must start its request promptly; a kept-alive one may idle longer
+        # the TLS handshake and the first request head share the read-header timeout
+        head_deadline = conn.since + limits.read_header_timeout
+        await self._refresh_web(per_request=False)
+        _, ctx, _ = self._web.current()
+        if ctx is not None and not await self._start_tls(writer, ctx, head_deadline - loop.time()):
+            return
+        h = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        first = True
+        while not self._closing:
+            try:
+                request = await self._read_request(h, reader, conn, first, head_deadline)
+            except _Reject as rej:
+                await self._send(writer, self._reject_bytes(h, rej))
+                return
+            except h11.RemoteProtocolError as exc:
+                status = HTTPStatus(exc.error_status_hint)
+                await self._send(writer, self._reject_bytes(h, _Reject(status, str(exc) or status.phrase)))
+                return
+            if request is None:
+                return
+            first = False
+            conn.set("busy", loop.time())
+            self._active += 1
+            try:
+                response = await self._answer(request)
+            finally:
+                self._active -= 1
+                if self._active == 0 and self._drained is not None:
+                    self._drained.set()
+            config, _, _ = self._web.current()
+            headers = list(response.headers) + list(config.headers)
+            headers.append(("Content-Length", str(len(response.body))))
+            if self._closing:
+                headers.append(("Connection", "close"))
+            data = h.send(h11.Response(status_code=response.status, headers=headers, reason=_reason(response.status)))
+            if request.method != "HEAD":  # HEAD: the same headers, no body
+                data = (data or b"") + (h.send(h11.Data(data=response.body)) or b"")
+            data = (data or b"") + (h.send(h11.EndOfMessage()) or b"")
+            conn.set("writing", loop.time())
+            if not await self._send(writer, data):
+                return
+            if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
+                return  # close (h11 decided: Connection: close, HTTP/1.0, an error)
+            h.start_next_cycle()
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
+        writer.write(data)
         try:
-            start = await asyncio.wait_for(reader.readexactly(1), limits.read_header_timeout if first else limits.idle_timeout)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
-            return None, b""
-        try:
-            rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), limits.read_header_timeout)
-        except asyncio.LimitOverrunError:
-            raise _Reject(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE) from None
-        except asyncio.IncompleteReadError as exc:
-            if len(exc.partial) + 1 >= limits.max_header_bytes:
-                raise _Reject(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE) from None
-            return None, b""
+            await asyncio.wait_for(writer.drain(), self._limits.write_timeout)
         except asyncio.TimeoutError:
-            raise _Reject(HTTPStatus.REQUEST_TIMEOUT, "request head not received in time") from None
-        except ValueError:  # readuntil's limit, older Pythons
-            raise _Reject(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE) from None
-        request = parse_head((start + rest)[:-4])
-        if "transfer-encoding" in request.headers:
+            writer.transport.abort()  # the peer does not read: free the socket and its buffers now
+            return False
+        except (OSError, ssl.SSLError):
+            return False
+        return True
+
+    def _reject_bytes(self, h: h11.Connection, rej: _Reject) -> bytes:
+        response = plain(rej.status.value, f"{rej.status.value} {rej.detail}")
+        headers = list(response.headers) + [("Content-Length", str(len(response.body))), ("Connection", "close")]
+        try:
+            data = h.send(h11.Response(status_code=rej.status.value, headers=headers, reason=_reason(rej.status.value)))
+            data = (data or b"") + (h.send(h11.Data(data=response.body)) or b"") + (h.send(h11.EndOfMessage()) or b"")
+            return data
+        except h11.LocalProtocolError:  # no request parsed on this connection's h11 state
+            return _standalone(rej.status.value, list(response.headers), response.body)
+
+    async def _receive(self, h: h11.Connection, reader: asyncio.StreamReader, timeout: float) -> None:
+        data = await asyncio.wait_for(reader.read(READ_CHUNK), max(timeout, 0.0))
+        h.receive_data(data)  # b"": the peer closed
+
+    async def _read_request(
+        self, h: h11.Connection, reader: asyncio.StreamReader, conn: _Conn, first: bool, head_deadline: float
+    ) -> Request | None:
+        """The next request, its body read and discarded; None when the client closed or idled out."""
+        loop = asyncio.get_running_loop()
+        limits = self._limits
+        conn.set("new" if first else "idle", conn.since if first else loop.time())
+        if not first and not h.trailing_data[0]:
+            # kept alive: the next request may take the idle timeout to start
+            try:
+                await self._receive(h, reader, limits.idle_timeout)
+            except asyncio.TimeoutError:
+                return None
+            head_deadline = loop.time() + limits.read_header_timeout
+            if conn.state == "idle":
+                conn.set("new", loop.time())
+        received = bool(h.trailing_data[0]) or not first
+        while True:
+            event = h.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    await self._receive(h, reader, head_deadline - loop.time())
+                except asyncio.TimeoutError:
+                    if not received and first:
+                        return None  # a silent connection: nothing to answer
+                    raise _Reject(HTTPStatus.REQUEST_TIMEOUT, "request head not received in time") from None
+                received = True
+                continue
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+            if isinstance(event, h11.Request):
+                break
+            raise _Reject(HTTPStatus.BAD_REQUEST, "unexpected data")
+        if event.http_version not in (b"1.0", b"1.1"):
+            raise _Reject(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
+        if _head_size(event) > limits.max_header_bytes:
+            raise _Reject(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+        method, target = event.method.decode("ascii"), event.target
+        if not target.startswith(b"/") or any(c < 0x21 or c > 0x7E for c in target):
+            raise _Reject(HTTPStatus.BAD_REQUEST, "malformed request target")
+        headers = tuple((k.decode("ascii"), v.decode("latin-1")) for k, v in event.headers)
+        names = {k for k, _ in headers}
+        if "transfer-encoding" in names:
             raise _Reject(HTTPStatus.BAD_REQUEST, "request bodies with Transfer-Encoding are not accepted")
-        length_text = request.headers.get("content-length", "0")
-        if not length_text.isdigit():
-            raise _Reject(HTTPStatus.BAD_REQUEST, "malformed Content-Length")
-        length = int(length_text)
+        length = int(dict(headers).get("content-length", "0"))  # h11 checked its syntax
         if length > limits.max_body_bytes:
             raise _Reject(HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-        body = b""
-        if length:
-            try:
-                body = await asyncio.wait_for(reader.readexactly(length), limits.read_header_timeout)
-            except asyncio.TimeoutError:
-                raise _Reject(HTTPStatus.REQUEST_TIMEOUT, "request body not received in time") from None
-        return request, body
+        expect = [v.strip().lower() for k, v in headers if k == "expect"]
+        if expect and expect != ["100-continue"]:
+            raise _Reject(HTTPStatus.EXPECTATION_FAILED)
+        conn.set("busy", loop.time())
+        body_deadline = loop.time() + limits.read_header_timeout
+        if h.they_are_waiting_for_100_continue:
+            await self._send(conn.writer, h.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+        while True:  # the body (read and dropped: no route takes one)
+            event = h.next_event()
+            if event is h11.NEED_DATA:
+                try:
+                    await self._receive(h, reader, body_deadline - loop.time())
+                except asyncio.TimeoutError:
+                    raise _Reject(HTTPStatus.REQUEST_TIMEOUT, "request body not received in time") from None
+                continue
+            if isinstance(event, h11.EndOfMessage):
+                break
+            if isinstance(event, h11.ConnectionClosed):
+                return None
+        path, query = decode_path(target.decode("ascii"))
+        route = self._router.route(path)
+        return Request(
+            method=method,
+            path=path,
+            query=query,
+            headers=headers,
+            route=route,
+            deadline=self._deadline(headers) if route is Route.TELEMETRY else None,
+        )
 
     # -- requests -----------------------------------------------------------------------
 
-    async def _dispatch(self, request: _Request, writer: asyncio.StreamWriter) -> tuple[int, str, list[tuple[str, str]], bytes]:
-        config, _, auth = self._web.current()
-        scrape = request.target.partition("?")[0] == self._limited_path
-        if scrape and self._limits.max_requests and self._scrapes >= self._limits.max_requests:
-            status, reason, headers, body = _plain(HTTPStatus.SERVICE_UNAVAILABLE, "503 too many concurrent scrapes")
-            return status, reason, headers + [("Retry-After", "1")] + list(config.headers), body
-        self._active += 1
-        self._scrapes += scrape
+    async def _answer(self, request: Request) -> Response:
+        await self._refresh_web(per_request=True)
+        _, _, auth = self._web.current()
+        if auth.enabled:
+            denied = await self._authenticate(request)
+            if denied is not None:
+                return denied
+        if request.route is not Route.TELEMETRY:
+            return self._router(request)  # cheap: answered on the loop
+        limit = self._limits.max_requests
+        if limit and self._scrapes >= limit:
+            return plain(503, "503 too many concurrent scrapes", (("Retry-After", "1"),))
+        self._scrapes += 1
         try:
             loop = asyncio.get_running_loop()
-            peer = writer.get_extra_info("peername") or ("", 0)
-            status, reason, headers, body = await loop.run_in_executor(
-                self._pool, self._run_app, request, auth, peer, self._web.tls_enabled
-            )
+            return await loop.run_in_executor(self._pool, self._render, request)
+        except RuntimeError:  # the pool is shut down
+            return plain(503, "503 shutting down")
         finally:
-            self._active -= 1
-            self._scrapes -= scrape
-            if self._active == 0 and self._drained is not None:
-                self._drained.set()
-        return status, reason, headers + list(config.headers), body
+            self._scrapes -= 1
 
-    def _scrape_timeout(self, request: _Request) -> float:
-        """--collect.timeout, or Prometheus' scrape timeout minus the offset if that is shorter."""
+    def _render(self, request: Request) -> Response:
+        try:
+            return self._router(request)
+        except Exception as exc:  # a bug, not the client's fault: one line, and the server goes on
+            self._log.error(
+                "request failed", exc_info=True, extra=fields(path=request.path, error=f"{exc.__class__.__name__}: {exc}")
+            )
+            return plain(500, "500 internal error")
+
+    async def _authenticate(self, request: Request) -> Response | None:
+        """None when the credentials are good; else the answer (401, 429 or 503)."""
+        _, _, auth = self._web.current()
+        unauthorized = plain(
+            401, "401 Unauthorized", (("WWW-Authenticate", 'Basic realm="resmon-exporter", charset="UTF-8"'),)
+        )
+        creds = _basic_credentials(request.header("authorization"))
+        if creds is None:
+            return unauthorized
+        known = auth.cached(*creds)
+        if known is None:
+            if self._checks >= BCRYPT_QUEUE:
+                return plain(429, "429 too many password checks at once", (("Retry-After", "1"),))
+            self._checks += 1
+            try:
+                loop = asyncio.get_running_loop()
+                known = await loop.run_in_executor(self._bcrypt, auth.verify, *creds)
+            except (RuntimeError, asyncio.CancelledError):
+                if not self._closing:
+                    raise
+                return plain(503, "503 shutting down")  # a queued check dropped at shutdown
+            finally:
+                self._checks -= 1
+        return None if known else unauthorized
+
+    def _deadline(self, headers: tuple[tuple[str, str], ...]) -> float:
+        """--collect.timeout, or Prometheus' scrape timeout minus the offset if that is
+        shorter; never below MIN_DEADLINE."""
         timeout = self._limits.collect_timeout
-        header = request.headers.get("x-prometheus-scrape-timeout-seconds")
+        header = dict(headers).get("x-prometheus-scrape-timeout-seconds")
         if header:
             try:
                 offered = float(header)
             except ValueError:
                 offered = 0.0
-            if offered > 0 and offered == offered:
-                timeout = min(timeout, max(offered - self._limits.timeout_offset, 0.05))
+            if 0 < offered < float("inf"):
+                timeout = min(timeout, max(offered - self._limits.timeout_offset, MIN_DEADLINE))
         return timeout
 
-    def _run_app(self, request: _Request, auth: Authenticator, peer: tuple[Any, ...], tls: bool) -> tuple[int, str, list[tuple[str, str]], bytes]:
-        if auth.enabled:
-            creds = _basic_credentials(request.headers.get("authorization"))
-            if creds is None or not auth.check(*creds):
-                status, reason, headers, body = _plain(HTTPStatus.UNAUTHORIZED, "401 Unauthorized")
-                return status, reason, headers + [("WWW-Authenticate", 'Basic realm="resmon-exporter", charset="UTF-8"')], body
-        path, _, query = request.target.partition("?")
-        environ: dict[str, Any] = {
-            "REQUEST_METHOD": request.method,
-            "PATH_INFO": unquote(path, encoding="latin-1"),
-            "QUERY_STRING": query,
-            "SERVER_PROTOCOL": request.version,
-            "REMOTE_ADDR": str(peer[0]),
-            "wsgi.url_scheme": "https" if tls else "http",
-        }
-        for name, value in request.headers.items():
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
-                key = "HTTP_" + key
-            environ[key] = value
-        token = SCRAPE_TIMEOUT.set(self._scrape_timeout(request))
-        try:
-            return call_wsgi(self._app, environ)
-        except Exception as exc:  # a bug, not the client's fault: one line, and the server goes on
-            self._log.error("request failed", extra=fields(path=path, error=f"{exc.__class__.__name__}: {exc}"))
-            return _plain(HTTPStatus.INTERNAL_SERVER_ERROR, "500 internal error")
-        finally:
-            SCRAPE_TIMEOUT.reset(token)

@@ -1,34 +1,81 @@
-"""HTTP routes: the exporter's pages in front of prometheus_client's WSGI app.
+"""HTTP routes: the landing page, the telemetry path, /-/healthy and /-/ready; 404/405 else.
 
-prometheus_client's app answers every path with metrics; this router serves the landing
-page, the telemetry path, /-/healthy and /-/ready, and 404/405 for everything else.
+The server (server.py) decodes the request once into a Request, including the route it
+decided, and the Router turns it into a Response. A scrape reads one snapshot
+(monitor.snapshot with the scrape's deadline) and renders exactly that snapshot, plus the
+client library's process, platform and gc families.
 """
 
 from __future__ import annotations
 
+import enum
 import gzip
 import html
 import threading
-from typing import Any, Callable, Iterable
-from urllib.parse import parse_qs
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+from urllib.parse import parse_qs, unquote
 
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+from prometheus_client.exposition import generate_latest as text_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.registry import Collector
 
-from .collector import PINNED_SNAPSHOT, SCRAPE_TIMEOUT
+from .collector import ResourceCollector
 from .monitor import ResourceMonitor
 from .samples import Snapshot
 from .version import __version__
 
-StartResponse = Callable[..., Any]
-Environ = dict[str, Any]
+ALLOWED = "GET, HEAD"
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+# the formats served, by media type: the versions accepted (None: no version parameter)
+_FORMATS: dict[str, tuple[tuple[str | None, ...], str]] = {
+    "application/openmetrics-text": ((None, "1.0.0"), OPENMETRICS),
+    "text/plain": ((None, "0.0.4"), TEXT),
+}
+DEFAULT_COLLECTORS: tuple[Collector, ...] = (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR)
 
-_ALLOWED = "GET, HEAD"
+
+class Route(enum.Enum):
+    TELEMETRY = "telemetry"
+    LANDING = "landing"
+    HEALTHY = "healthy"
+    READY = "ready"
+    NOT_FOUND = "not_found"
 
 
-def _plain(start_response: StartResponse, status: str, body: str, extra: list[tuple[str, str]] | None = None) -> list[bytes]:
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8")] + (extra or []))
-    return [body.encode()]
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # percent-decoded, once
+    query: str
+    headers: tuple[tuple[str, str], ...]  # names lower-case
+    route: Route  # decided from path, once: used for the scrape limit and for dispatch
+    deadline: float | None = None  # seconds the refresh may take (None: --collect.timeout)
+
+    def header(self, name: str) -> str | None:
+        """The header's values joined by ', ' (RFC 9110), or None."""
+        values = [v for k, v in self.headers if k == name]
+        return ", ".join(values) if values else None
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+def plain(status: int, text: str, extra: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, (("Content-Type", "text/plain; charset=utf-8"),) + extra, (text + "\n").encode())
+
+
+def decode_path(target: str) -> tuple[str, str]:
+    """(percent-decoded path, raw query) of a request target."""
+    path, _, query = target.partition("?")
+    return unquote(path, encoding="latin-1"), query
 
 
 def landing_page(telemetry_path: str) -> bytes:
@@ -45,6 +92,56 @@ def landing_page(telemetry_path: str) -> bytes:
 </ul>
 </body></html>
 """.encode()
+
+
+def _params(part: str) -> tuple[str, dict[str, str]]:
+    """'type/sub; a=b; q=0.5' -> ('type/sub', {'a': 'b', 'q': '0.5'})."""
+    media, *rest = part.split(";")
+    params = {}
+    for item in rest:
+        name, _, value = item.partition("=")
+        params[name.strip().lower()] = value.strip().strip('"')
+    return media.strip().lower(), params
+
+
+def _quality(params: dict[str, str]) -> float:
+    try:
+        q = float(params.get("q", "1"))
+    except ValueError:
+        return 0.0
+    return q if 0.0 <= q <= 1.0 else 0.0
+
+
+def negotiate(accept: str | None) -> str:
+    """TEXT or OPENMETRICS: the client's most preferred format among those served (q-values
+    weighed, q=0 refused, unknown versions skipped); TEXT when nothing matches. Always one
+    of two constants, so neither Content-Type nor the render cache key carries client text.
+    Written here because prometheus_client's choose_encoder copies the version and raises
+    on malformed ones."""
+    best, best_q = TEXT, 0.0
+    for part in (accept or "").split(","):
+        media, params = _params(part)
+        if media not in _FORMATS:
+            continue
+        versions, content_type = _FORMATS[media]
+        q = _quality(params)
+        if params.get("version") in versions and q > best_q:
+            best, best_q = content_type, q
+    return best
+
+
+def gzip_accepted(header: str | None) -> bool:
+    """Accept-Encoding allows gzip: listed (or '*') with q > 0."""
+    explicit: float | None = None
+    wildcard: float | None = None
+    for part in (header or "").split(","):
+        coding, params = _params(part)
+        if coding == "gzip":
+            explicit = _quality(params)
+        elif coding == "*":
+            wildcard = _quality(params)
+    q = explicit if explicit is not None else wildcard
+    return q is not None and q > 0
 
 
 class RenderCache:
@@ -70,81 +167,94 @@ class RenderCache:
         return body
 
 
-def _gzip_accepted(header: str | None) -> bool:
-    # as prometheus_client does it: q-values are not weighed
-    return any(part.split(";")[0].strip().lower() == "gzip" for part in (header or "").split(","))
+@dataclass(frozen=True)
+class PinnedExposition:
+    """What the encoders render for one scrape: the default collectors and one snapshot's
+    families; with names, only the samples of those names (as prometheus_client's
+    restricted registry does it)."""
+
+    defaults: tuple[Collector, ...]
+    families: tuple[Metric, ...]
+    names: frozenset[str] | None = None
+
+    def _all(self) -> Iterator[Metric]:
+        for collector in self.defaults:
+            yield from collector.collect()
+        yield from self.families
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._all():
+            if self.names is None:
+                yield metric
+                continue
+            samples = [s for s in metric.samples if s.name in self.names]
+            if samples:
+                restricted = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+                restricted.samples = samples
+                yield restricted
 
 
 class Router:
-    """WSGI application with the exporter's routes."""
+    """The exporter's routes: Router(request) -> Response. route() classifies a decoded path."""
 
-    def __init__(self, registry: CollectorRegistry, monitor: ResourceMonitor, telemetry_path: str) -> None:
-        self._registry = registry
-        self._cache = RenderCache()
+    def __init__(
+        self,
+        monitor: ResourceMonitor,
+        telemetry_path: str,
+        defaults: tuple[Collector, ...] = DEFAULT_COLLECTORS,
+    ) -> None:
         self._monitor = monitor
+        self._resources = ResourceCollector(monitor)
+        self._defaults = defaults
+        self._cache = RenderCache()
         self._telemetry_path = telemetry_path
         self._landing = landing_page(telemetry_path)
+        self._routes = {
+            telemetry_path: Route.TELEMETRY,
+            "/": Route.LANDING,
+            "/-/healthy": Route.HEALTHY,
+            "/-/ready": Route.READY,
+        }
 
-    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        captured: list[Any] = []
+    def route(self, path: str) -> Route:
+        return self._routes.get(path, Route.NOT_FOUND)
 
-        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-            captured[:] = [status, headers]
-
-        method = environ.get("REQUEST_METHOD", "GET")
-        body = b"".join(self._route(environ, method, capture))
-        status, headers = captured
-        if not any(name.lower() == "content-length" for name, _ in headers):
-            headers = headers + [("Content-Length", str(len(body)))]
-        start_response(status, headers)
-        # HEAD: same headers (length included), no body
-        return [] if method == "HEAD" else [body]
-
-    def _route(self, environ: Environ, method: str, start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "") or "/"
-        if path not in (self._telemetry_path, "/", "/-/healthy", "/-/ready"):
-            return _plain(start_response, "404 Not Found", "404 page not found\n")
-        if method not in ("GET", "HEAD"):
-            return _plain(
-                start_response,
-                "405 Method Not Allowed",
-                f"405 method {method} not allowed; use GET or HEAD\n",
-                [("Allow", _ALLOWED)],
-            )
-        if path == self._telemetry_path:
-            return self._metrics(environ, start_response)
-        if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [self._landing]
-        if path == "/-/healthy":
-            return _plain(start_response, "200 OK", "resmon-exporter is healthy.\n")
+    def __call__(self, request: Request) -> Response:
+        """The full response, HEAD included (the server sends HEAD's headers without the body)."""
+        if request.route is Route.NOT_FOUND:
+            return plain(404, "404 page not found")
+        if request.method not in ("GET", "HEAD"):
+            return plain(405, f"405 method {request.method} not allowed; use GET or HEAD", (("Allow", ALLOWED),))
+        if request.route is Route.TELEMETRY:
+            return self._metrics(request)
+        if request.route is Route.LANDING:
+            return Response(200, (("Content-Type", "text/html; charset=utf-8"),), self._landing)
+        if request.route is Route.HEALTHY:
+            return plain(200, "resmon-exporter is healthy.")
         if self._monitor.ready:
-            return _plain(start_response, "200 OK", "resmon-exporter is ready.\n")
-        return _plain(start_response, "503 Service Unavailable", "resmon-exporter is not ready: first refresh pending.\n")
+            return plain(200, "resmon-exporter is ready.")
+        return plain(503, "resmon-exporter is not ready: first refresh pending.")
 
-    def _metrics(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
-        """Content negotiation, gzip and ?name[]= as prometheus_client's own app does them."""
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        compress = _gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING"))
-        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
-        snap = self._monitor.snapshot(SCRAPE_TIMEOUT.get())
-        token = PINNED_SNAPSHOT.set(snap)
-        try:
-            if names:
-                body = encoder(self._registry.restricted_registry(names))
-                body = gzip.compress(body) if compress else body
-            else:
-                def render() -> bytes:
-                    out = encoder(self._registry)
-                    return gzip.compress(out) if compress else out
+    def _metrics(self, request: Request) -> Response:
+        content_type = negotiate(request.header("accept"))
+        encoder = openmetrics_latest if content_type == OPENMETRICS else text_latest
+        compress = gzip_accepted(request.header("accept-encoding"))
+        names = parse_qs(request.query).get("name[]")
+        snap = self._monitor.snapshot(request.deadline)
 
-                body = self._cache.get(snap, (content_type, compress), render)
-        finally:
-            PINNED_SNAPSHOT.reset(token)
-        headers = [("Content-Type", content_type)] + ([("Content-Encoding", "gzip")] if compress else [])
-        start_response("200 OK", headers)
-        return [body]
+        def render(only: frozenset[str] | None = None) -> bytes:
+            exposition = PinnedExposition(self._defaults, tuple(self._resources.families(snap)), only)
+            out = encoder(exposition)  # type: ignore[arg-type]
+            return gzip.compress(out) if compress else out
 
+        if names:
+            body = render(frozenset(names))
+        else:
+            body = self._cache.get(snap, (content_type, compress), render)
+        headers = (("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding"))
+        if compress:
+            headers += (("Content-Encoding", "gzip"),)
+        return Response(200, headers, body)
 
 
 def parse_listen_address(value: str) -> tuple[str, int]:

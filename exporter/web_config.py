@@ -15,7 +15,9 @@ import logging
 import os
 import re
 import ssl
+import stat
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,13 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None,
 }
 BCRYPT_HASH = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
+# bcrypt allows costs up to 31, but each step doubles the work: cost 17 already takes about
+# 10 s a check on a server core, so anything above is refused as a configuration error.
+MAX_BCRYPT_COST = 17
+# What a response header value may hold: visible ASCII, inner spaces and tabs (RFC 9110 field-value).
+_HEADER_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e\t]*[\x21-\x7e])?")
+# The web config is read whole; a bigger "config" is a mistake (or /dev/zero), not a config.
+MAX_CONFIG_BYTES = 1 << 20
 _TLS_KEYS = {
     "cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
     "cipher_suites", "prefer_server_cipher_suites", "curve_preferences",
@@ -157,6 +166,11 @@ def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
+def _str(value: Any, where: str) -> str:
+    """A non-empty string, or WebConfigError (a list or dict where a name belongs is no TypeError)."""
+    return _expect(value, str, where)  # type: ignore[no-any-return]
+
+
 def _check_keys(section: dict[Any, Any], allowed: set[str], where: str) -> None:
     for key in section:
         if key not in allowed:
@@ -184,8 +198,7 @@ def _tls(section: Any, base: Path) -> TlsConfig | None:
         raise WebConfigError("tls_server_config: missing cert_file")
     if "key_file" not in section:
         raise WebConfigError("tls_server_config: missing key_file")
-    auth_name = section.get("client_auth_type", "NoClientCert")
-    _expect(auth_name, str, "tls_server_config.client_auth_type")
+    auth_name = _str(section.get("client_auth_type", "NoClientCert"), "tls_server_config.client_auth_type")
     if auth_name in UNSUPPORTED_CLIENT_AUTH:
         raise WebConfigError(
             f"tls_server_config.client_auth_type: {auth_name} is not supported (Python's TLS cannot request a "
@@ -200,7 +213,7 @@ def _tls(section: Any, base: Path) -> TlsConfig | None:
         raise WebConfigError(f"tls_server_config: client_auth_type {auth_name} needs client_ca_file")
     versions = []
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        name = section.get(key, default)
+        name = _str(section.get(key, default), f"tls_server_config.{key}")
         if name not in TLS_VERSIONS:
             raise WebConfigError(f"tls_server_config.{key}: unknown TLS version {name!r} (TLS10, TLS11, TLS12, TLS13)")
         versions.append(TLS_VERSIONS[name])
@@ -211,6 +224,7 @@ def _tls(section: Any, base: Path) -> TlsConfig | None:
         suites = _expect(section["cipher_suites"], list, "tls_server_config.cipher_suites")
         names = []
         for suite in suites:
+            _str(suite, "tls_server_config.cipher_suites (entry)")
             if suite not in CIPHER_SUITES:
                 raise WebConfigError(f"tls_server_config.cipher_suites: unknown cipher suite {suite!r}")
             names.append(CIPHER_SUITES[suite])
@@ -222,6 +236,7 @@ def _tls(section: Any, base: Path) -> TlsConfig | None:
     if section.get("curve_preferences") is not None:
         curves = _expect(section["curve_preferences"], list, "tls_server_config.curve_preferences")
         for name in curves:
+            _str(name, "tls_server_config.curve_preferences (entry)")
             if name not in CURVES:
                 raise WebConfigError(f"tls_server_config.curve_preferences: unknown curve {name!r}")
         if len(curves) > 1:
@@ -253,14 +268,21 @@ def _headers(section: Any) -> tuple[tuple[str, str], ...]:
     _expect(headers, dict, "http_server_config.headers")
     out = []
     for name, value in headers.items():
+        _str(name, "http_server_config.headers (header name)")
         if name not in HEADERS:
             raise WebConfigError(f"http_server_config.headers: HTTP header {name!r} can not be configured")
-        _expect(value, str, f"http_server_config.headers.{name}")
+        _str(value, f"http_server_config.headers.{name}")
+        if any(c in value for c in "\r\n"):
+            raise WebConfigError(f"http_server_config.headers.{name}: value contains a line break")
+        if not _HEADER_VALUE.fullmatch(value):
+            # anything else is either unsendable (outside latin-1) or a control character on the wire
+            raise WebConfigError(
+                f"http_server_config.headers.{name}: value {value!r} must be visible ASCII "
+                "(inner spaces and tabs allowed, no control characters)"
+            )
         allowed = HEADERS[name]
         if allowed is not None and value.lower() not in allowed:
             raise WebConfigError(f"http_server_config.headers.{name}: invalid value {value!r}")
-        if any(c in value for c in "\r\n"):
-            raise WebConfigError(f"http_server_config.headers.{name}: value contains a line break")
         out.append((name, value))
     return tuple(out)
 
@@ -276,8 +298,17 @@ def _users(section: Any) -> dict[str, bytes]:
             raise WebConfigError(f"basic_auth_users: user name {user!r} contains ':'")
         if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
             raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters)")
+        if bcrypt_cost(hashed.encode()) > MAX_BCRYPT_COST:
+            raise WebConfigError(
+                f"basic_auth_users.{user}: bcrypt cost {bcrypt_cost(hashed.encode())} is above {MAX_BCRYPT_COST} "
+                "(every check would take seconds); hash the password again with a cost of 10 to 12"
+            )
         users[user] = hashed.encode()
     return users
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    return int(hashed[4:6])
 
 
 def parse(text: str, base: Path) -> WebConfig:
@@ -298,11 +329,31 @@ def parse(text: str, base: Path) -> WebConfig:
     )
 
 
-def load(path: Path) -> WebConfig:
+def read_regular_file(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The file's bytes; WebConfigError for anything but a regular file of at most limit bytes.
+    O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it."""
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise WebConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise WebConfigError(f"cannot read {str(path)!r}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise WebConfigError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise WebConfigError(f"{str(path)!r} is larger than {limit} bytes")
+    return data
+
+
+def load(path: Path) -> WebConfig:
+    data = read_regular_file(path)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise WebConfigError(f"{str(path)!r} is not UTF-8 text") from None
     return parse(text, path.parent)
@@ -320,7 +371,10 @@ def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...]:
 
 
 class WebConfigSource:
-    """The web config in force, re-read when the file or its certificates change."""
+    """The web config in force. current() is a lookup (safe on the event loop); refresh()
+    stats the files and re-reads them when they changed: it does file I/O, so callers run it
+    in a thread. A reload that fails, or that would drop TLS or basic auth (an emptied or
+    half-written file), is refused: the last good config stays, logged once at error."""
 
     def __init__(self, path: Path | None, log: logging.Logger) -> None:
         self._path = path
@@ -335,70 +389,125 @@ class WebConfigSource:
     def tls_enabled(self) -> bool:
         return self._config.tls is not None
 
+    @property
+    def watched(self) -> bool:
+        return self._path is not None
+
     def _current_stamps(self) -> tuple[Any, ...]:
         paths = ((self._path,) if self._path else ()) + (self._config.tls.files() if self._config.tls else ())
         return _stamp(paths)
 
     def current(self) -> tuple[WebConfig, ssl.SSLContext | None, "Authenticator"]:
+        return self._config, self._ctx, self._auth
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read the config if a file changed (or force: SIGHUP). Blocking file I/O."""
         if self._path is None:
-            return self._config, self._ctx, self._auth
+            if force:
+                self._log.info("web config reloaded", extra=fields(file="none"))
+            return
         with self._lock:
             stamps = self._current_stamps()
-            if stamps != self._stamps:
-                self._stamps = stamps
-                try:
-                    config = load(self._path)
-                    ctx = config.tls.context() if config.tls else None
-                except WebConfigError as exc:
-                    self._log.error("web config reload failed; keeping the previous one", extra=fields(error=str(exc)))
-                else:
-                    if (config.tls is None) != (self._config.tls is None):
-                        # the listening socket cannot switch between TLS and plain text
-                        self._log.error("web config reload cannot turn TLS on or off; restart to do that")
-                    else:
-                        self._config, self._ctx = config, ctx
-                        if config.users != self._auth.users:
-                            self._auth = Authenticator(config.users)
-                        self._log.info("web config reloaded")
-            return self._config, self._ctx, self._auth
+            if stamps == self._stamps and not force:
+                return
+            self._stamps = stamps
+            try:
+                config = load(self._path)
+                ctx = config.tls.context() if config.tls else None
+                refusal = self._refusal(config)
+            except WebConfigError as exc:
+                refusal = str(exc)
+            except Exception as exc:  # a parser bug must not take serving down: keep the last good config
+                refusal = f"{exc.__class__.__name__}: {exc}"
+            if refusal:
+                self._log.error("web config reload failed; keeping the previous one", extra=fields(error=refusal))
+                return
+            self._config, self._ctx = config, ctx
+            if config.users != self._auth.users:
+                self._auth = Authenticator(config.users)
+            self._stamps = self._current_stamps()  # the new config's certificate files
+            self._log.info("web config reloaded")
+
+    def _refusal(self, config: WebConfig) -> str:
+        if (config.tls is None) != (self._config.tls is None):
+            # the listening socket cannot switch between TLS and plain text
+            return "web config reload cannot turn TLS on or off; restart to do that"
+        if self._config.users and not config.users:
+            # fail closed: an emptied or half-written file must not turn authentication off
+            return "web config reload would remove every basic_auth_users entry (authentication off); restart to do that"
+        return ""
 
 
 class Authenticator:
-    """bcrypt basic auth. Unknown users are checked against a dummy hash so the answer takes
-    as long as for a known user; successful checks are cached (bcrypt costs ~70 ms)."""
+    """bcrypt basic auth that tells nobody which users exist.
+
+    Unknown users are checked against a dummy hash with the cost of the slowest configured
+    hash, built at construction. Any failure inside a check (bcrypt refuses passwords over 72
+    bytes) is a plain "no". Recent successes and failures are cached by a hash of (user,
+    password, stored hash), so a repeated wrong password costs no bcrypt; cached() answers
+    from the caches only, verify() does the bcrypt work (callers bound its concurrency)."""
+
+    FAILURE_TTL = 30.0
+    MAX_CACHED = 4096
 
     def __init__(self, users: dict[str, bytes]) -> None:
+        import bcrypt
+
         self.users = users
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._failed: OrderedDict[bytes, float] = OrderedDict()  # key -> expiry (monotonic)
         self._lock = threading.Lock()
-        self._dummy: bytes | None = None
+        cost = max((bcrypt_cost(h) for h in users.values()), default=4)
+        # a real salt of that cost plus a well-formed digest: checking against it costs the
+        # full bcrypt work, without paying that work here at load
+        tail = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(4))[-31:]
+        self.dummy: bytes = bcrypt.gensalt(cost) + tail
 
     @property
     def enabled(self) -> bool:
         return bool(self.users)
 
-    def check(self, user: str, password: str) -> bool:
+    def _key(self, user: str, password: str) -> bytes:
+        stored = self.users.get(user, self.dummy)
+        return hashlib.sha256(b"\0".join((user.encode(), password.encode(), stored))).digest()
+
+    def cached(self, user: str, password: str) -> bool | None:
+        """True or False when a recent check answered this; None when bcrypt must run."""
+        key = self._key(user, password)
+        with self._lock:
+            if key in self._ok:
+                self._ok.move_to_end(key)
+                return True
+            expiry = self._failed.get(key)
+            if expiry is not None:
+                if expiry > time.monotonic():
+                    return False
+                del self._failed[key]
+        return None
+
+    def verify(self, user: str, password: str) -> bool:
+        """The bcrypt check (slow: callers run it off the event loop, a few at a time)."""
         import bcrypt
 
         hashed = self.users.get(user)
-        if hashed is None:
-            if self._dummy is None:
-                cost = int(next(iter(self.users.values()))[4:6]) if self.users else 10
-                self._dummy = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(cost))
-            bcrypt.checkpw(password.encode(), self._dummy)
-            return False
-        key = hashlib.sha256(user.encode() + b"\0" + password.encode() + b"\0" + hashed).digest()
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return True
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed)
-        except ValueError:
+            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self.dummy)
+        except Exception:  # bcrypt refuses (too long, bad encoding): the same "no" for every user
             ok = False
-        if ok:
-            with self._lock:
-                self._cache[key] = True
-                while len(self._cache) > 256:
-                    self._cache.popitem(last=False)
+        ok = ok and hashed is not None
+        key = self._key(user, password)
+        with self._lock:
+            if ok:
+                self._ok[key] = None
+                while len(self._ok) > self.MAX_CACHED:
+                    self._ok.popitem(last=False)
+            else:
+                self._failed[key] = time.monotonic() + self.FAILURE_TTL
+                self._failed.move_to_end(key)
+                while len(self._failed) > self.MAX_CACHED:
+                    self._failed.popitem(last=False)
         return ok
+
+    def check(self, user: str, password: str) -> bool:
+        known = self.cached(user, password)
+        return known if known is not None else self.verify(user, password)
