@@ -134,16 +134,16 @@ class Scrape:
             for sample in family.samples:
                 self.samples[sample.name].append((dict(sample.labels), sample.value))
 
-    def series(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    def series(self, name: str, /, **labels: str) -> list[tuple[dict[str, str], float]]:
         return [(l, v) for l, v in self.samples.get(name, []) if all(l.get(k) == w for k, w in labels.items())]
 
-    def value(self, name: str, **labels: str) -> float:
+    def value(self, name: str, /, **labels: str) -> float:
         found = self.series(name, **labels)
         if len(found) != 1:
             raise AssertionError(f"{name}{labels}: expected one series, found {found}")
         return found[0][1]
 
-    def has(self, name: str, **labels: str) -> bool:
+    def has(self, name: str, /, **labels: str) -> bool:
         return bool(self.series(name, **labels))
 
 

@@ -1,0 +1,130 @@
+"""GPU identity end to end: keyed by UUID through re-enumeration, identity fields read one by
+one (a device lost for metrics keeps its name), missing symbols and undecodable names never
+take series away, and a lost driver is shut down before it is initialised again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scenarios import GPU_IS_LOST, three_gpus
+
+FUNCTION_NOT_FOUND = 13
+BASE = three_gpus()
+UUID = [BASE[f"gpu.{i}.uuid"] for i in range(3)]
+
+
+def without_gpu(values: dict[str, Any], gone: int) -> dict[str, Any]:
+    """The same machine after GPU `gone` fell off and NVML renumbered the rest."""
+    out = {k: v for k, v in values.items() if not k.startswith("gpu.")}
+    out["count"] = values["count"] - 1
+    for key, value in values.items():
+        if key.startswith("gpu."):
+            _, index, rest = key.split(".", 2)
+            i = int(index)
+            if i != gone:
+                out[f"gpu.{i if i < gone else i - 1}.{rest}"] = value
+    return out
+
+
+def test_renumbered_gpus_keep_their_uuid_and_the_missing_one_is_down(run_exporter, scenario):
+    scenario.write(BASE)
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    scenario.write(without_gpu(BASE, 1))
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 1
+    assert s.value("resmon_gpu_up", gpu="1", uuid=UUID[2]) == 1  # the L4, now index 1, healthy
+    assert s.value("resmon_gpu_up", gpu="1", uuid=UUID[1]) == 0  # the lost A100, under its last index
+    assert len(s.series("resmon_gpu_up")) == 3
+    # the values follow the device, not the index
+    assert s.value("resmon_gpu_memory_total_bytes", gpu="1", uuid=UUID[2]) == 24 * 1024**3
+    assert not s.has("resmon_gpu_memory_total_bytes", uuid=UUID[1])
+    assert s.value("resmon_gpu_info", gpu="1", uuid=UUID[2], name="NVIDIA L4") == 1
+    assert s.value("resmon_gpu_info", gpu="1", uuid=UUID[1], name="NVIDIA A100-SXM4-40GB") == 1
+    # it comes back at the end: up again, under its new index
+    scenario.write({**BASE, **{f"gpu.2.{k.split('.', 2)[2]}": v for k, v in BASE.items() if k.startswith("gpu.1.")},
+                    **{f"gpu.1.{k.split('.', 2)[2]}": v for k, v in BASE.items() if k.startswith("gpu.2.")}})
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="2", uuid=UUID[1]) == 1
+    assert s.value("resmon_gpu_up", gpu="1", uuid=UUID[2]) == 1
+    assert len(s.series("resmon_gpu_up")) == 3
+
+
+def test_a_device_lost_at_start_keeps_the_identity_fields_that_answer(run_exporter, scenario):
+    scenario.write({
+        **BASE,
+        # fallen off the bus but still enumerated: every metric call and max clocks fail,
+        # the PCI info too; UUID and name still answer
+        "gpu.1.rc.nvmlDeviceGetMemoryInfo_v2": GPU_IS_LOST,
+        "gpu.1.rc.nvmlDeviceGetMaxClockInfo": GPU_IS_LOST,
+        "gpu.1.rc.nvmlDeviceGetPciInfo_v3": GPU_IS_LOST,
+    })
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="1", uuid=UUID[1]) == 0
+    assert s.value("resmon_gpu_info", gpu="1", uuid=UUID[1], name="NVIDIA A100-SXM4-40GB", pci_bus_id="") == 1
+    assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 1
+    # the PCI info answers again: the identity fills in, the series keeps its uuid
+    scenario.update(**{"gpu.1.rc.nvmlDeviceGetPciInfo_v3": None})
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_info", gpu="1", uuid=UUID[1], pci_bus_id="00000000:0A:00.0") == 1
+    assert len(s.series("resmon_gpu_info")) == 3
+
+
+def test_missing_symbols_without_a_fallback_keep_every_series(run_exporter, scenario):
+    scenario.write({
+        **BASE,
+        "rc.nvmlDeviceGetPciInfo_v3": FUNCTION_NOT_FOUND,
+        "gpu.2.rc.nvmlDeviceGetUUID": FUNCTION_NOT_FOUND,
+        "gpu.1.rc.nvmlDeviceGetHandleByIndex_v2": FUNCTION_NOT_FOUND,
+    })
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    s = exporter.scrape()
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+    assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 1
+    assert s.value("resmon_gpu_info", gpu="0", uuid=UUID[0], pci_bus_id="", name="NVIDIA H100 80GB HBM3") == 1
+    assert s.value("resmon_gpu_up", gpu="1", uuid="") == 0  # no handle: down, not vanished
+    assert s.value("resmon_gpu_up", gpu="2", uuid="") == 1  # no UUID: still up, still measured
+    assert s.value("resmon_gpu_memory_total_bytes", gpu="2", uuid="") == 24 * 1024**3
+    assert "Traceback" not in exporter.stderr and "GPU backend failed" not in exporter.stderr
+
+
+def test_a_name_that_is_not_utf8_keeps_the_gpu_up(run_exporter, scenario):
+    scenario.write(BASE)
+    # written as bytes: a Latin-1 board name, as some VBIOSes have
+    text = scenario.path.read_bytes().replace(b"name=NVIDIA L4", b"name=NVIDIA L4 \xe9dition")
+    scenario.path.write_bytes(text)
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    for _ in range(2):
+        s = exporter.scrape()
+        assert s.value("resmon_gpu_up", gpu="2", uuid=UUID[2]) == 1
+        assert s.value("resmon_gpu_info", gpu="2", uuid=UUID[2], name="NVIDIA L4 \ufffddition") == 1
+
+
+def test_a_lost_driver_is_shut_down_before_it_is_initialised_again(run_exporter, scenario, trace):
+    scenario.write(BASE)
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.wait_ready()
+    scenario.update(**{"rc.nvmlDeviceGetCount_v2": 9})  # the module was unloaded
+    assert {v for _, v in exporter.scrape().series("resmon_gpu_up")} == {0.0}
+    scenario.update(**{"rc.nvmlDeviceGetCount_v2": None})
+    exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert trace.count("nvmlInitWithFlags") == 2
+    assert trace.count("nvmlShutdown") == 1  # before the second init, not only at exit
+    assert exporter.stop() == 0
+    assert trace.count("nvmlShutdown") == 2
+
+
+def test_v1_memory_help_says_reserved_memory_is_included(run_exporter, scenario):
+    scenario.write(BASE)
+    exporter = run_exporter(lib="old")
+    exporter.wait_ready()
+    s = exporter.scrape()
+    assert "driver-reserved memory included" in s.families["resmon_gpu_memory_used_bytes"].documentation
+    assert not s.has("resmon_gpu_memory_reserved_bytes")
+    current = run_exporter()
+    current.wait_ready()
+    assert "not included" in current.scrape().families["resmon_gpu_memory_used_bytes"].documentation
