@@ -1,7 +1,8 @@
 """The exporter's HTTP side, wired together: router, server, signals.
 
-SIGTERM/SIGINT: graceful stop within SHUTDOWN_GRACE (under docker stop's 10 s); a second
-one exits at once (128 + the signal number). SIGHUP re-reads the web config.
+SIGTERM/SIGINT: graceful stop within SHUTDOWN_GRACE (under docker stop's 10 s; requests
+still running then: exit 1 at once); a second one exits at once (128 + the signal number).
+SIGHUP re-reads the web config.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from .web_config import WebConfigSource
 if TYPE_CHECKING:
     from .cli import Config
 
-# in-flight requests may finish within this; with the monitor's close after it the process
-# is gone before docker stop's 10 s SIGKILL
-SHUTDOWN_GRACE = 7.0
+# in-flight requests may finish within this; the process is gone before docker stop's 10 s
+# SIGKILL (past the grace it exits at once, status 1)
+SHUTDOWN_GRACE = 8.0
 
 
 def format_address(addr: tuple[Any, ...]) -> str:
@@ -82,7 +83,13 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         loop.add_signal_handler(signal.SIGHUP, reload)
         await stopped.wait()
         log.info("shutting down")
-        await server.shutdown(grace=SHUTDOWN_GRACE)
+        if not await server.shutdown(grace=SHUTDOWN_GRACE):
+            # a request stuck past the grace (a hung driver call) would hold the exit
+            # (Python joins pool threads at exit): leave now, before docker stop's SIGKILL
+            log.error("exiting with requests still running", extra=logs.fields(grace_s=SHUTDOWN_GRACE))
+            for handler in log.handlers:
+                handler.flush()
+            os._exit(1)
         return 0
 
     return asyncio.run(main())

@@ -182,9 +182,9 @@ class HttpServer:
         asyncio_log.propagate = False
         asyncio_log.setLevel(max(self._log.getEffectiveLevel(), logging.WARNING))
 
-    async def shutdown(self, grace: float) -> None:
+    async def shutdown(self, grace: float) -> bool:
         """Stop accepting; drop queued password checks; wait up to grace seconds for
-        in-flight requests; close the rest."""
+        in-flight requests; close the rest. False when requests were still running."""
         self._closing = True
         if self._server is not None:
             self._server.close()
@@ -192,16 +192,19 @@ class HttpServer:
         for conn in list(self._conns):
             if conn.state in ("new", "idle"):
                 conn.abort()
+        drained = True
         if self._active and self._drained is not None:
             self._drained.clear()
             try:
                 await asyncio.wait_for(self._drained.wait(), grace)
             except asyncio.TimeoutError:
                 self._log.warning("requests still running at shutdown", extra=fields(requests=self._active))
+                drained = False
         for conn in list(self._conns):
             conn.abort()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._config_pool.shutdown(wait=False, cancel_futures=True)
+        return drained
 
     async def reload(self) -> None:
         """SIGHUP: re-read the web config now (logged: reloaded, or the error)."""

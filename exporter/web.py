@@ -29,7 +29,8 @@ from .version import __version__
 
 ALLOWED = "GET, HEAD"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
-OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+# as prometheus_client labels what its encoder writes (names escaped with underscores)
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
 # the formats served, by media type: the versions accepted (None: no version parameter)
 _FORMATS: dict[str, tuple[tuple[str | None, ...], str]] = {
     "application/openmetrics-text": ((None, "1.0.0"), OPENMETRICS),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,29 @@ def test_promtool_accepts_the_example(tls_dir):
         (f"basic_auth_users:\n  alice: '{HASH}'\n  alice: '{HASH}'\n", "duplicate key 'alice'"),
         ("basic_auth_users: [alice]\n", "expected dict"),
         ("tls_server_config: [\n", "not valid YAML"),
+        # a list or dict where a string belongs: a WebConfigError, not a TypeError
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, min_version: [TLS12]}\n",
+         "tls_server_config.min_version: expected a non-empty str"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, max_version: {TLS13: 1}}\n",
+         "tls_server_config.max_version: expected"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, client_auth_type: [x]}\n",
+         "client_auth_type: expected"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, cipher_suites: [[TLS_FAKE]]}\n",
+         "cipher_suites (entry): expected"),
+        ("tls_server_config: {cert_file: server.crt, key_file: server.key, curve_preferences: [{X25519: 1}]}\n",
+         "curve_preferences (entry): expected"),
+        ("http_server_config: {headers: {X-Frame-Options: [deny]}}\n", "headers.X-Frame-Options: expected"),
+        ("http_server_config: {headers: {1: deny}}\n", "header name"),
+        (f"basic_auth_users: {{1: '{HASH}'}}\n", "user name"),
+        # header values that cannot go on the wire as they are
+        ("http_server_config: {headers: {Content-Security-Policy: \"default-src \u2018self\u2019\"}}\n",
+         "Content-Security-Policy: value"),
+        ("http_server_config: {headers: {Content-Security-Policy: \"a\\0b\"}}\n", "no control characters"),
+        ("http_server_config: {headers: {Content-Security-Policy: \"a\\x7fb\"}}\n", "no control characters"),
+        ("http_server_config: {headers: {X-XSS-Protection: \"1 \"}}\n", "visible ASCII"),
+        # absurd bcrypt costs (bcrypt's own maximum is 31; each step doubles the work)
+        (f"basic_auth_users: {{alice: '{HASH.replace('$04$', '$18$')}'}}\n", "bcrypt cost 18 is above 17"),
+        (f"basic_auth_users: {{alice: '{HASH.replace('$04$', '$31$')}'}}\n", "bcrypt cost 31 is above 17"),
         ("- just\n- a list\n", "web config: expected dict"),
     ],
 )
@@ -105,10 +129,16 @@ def test_valid_variants(tls_dir):
     assert tls.tls.context().minimum_version.name == "TLSv1_3"
 
 
-def test_bad_config_is_a_one_line_startup_error(tmp_path):
+def test_bad_config_is_a_one_line_startup_error(tls_dir, tmp_path):
     bad = tmp_path / "web.yml"
     bad.write_text("basic_auth_users: {alice: nothash}\n")
-    for path, needle in ((bad, "not a bcrypt hash"), (tmp_path / "missing.yml", "cannot read")):
+    typed = tls_dir / "typed.yml"
+    typed.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key, min_version: [TLS12]}\n")
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    cases = ((bad, "not a bcrypt hash"), (tmp_path / "missing.yml", "cannot read"), (typed, "min_version: expected"),
+             (fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file"))
+    for path, needle in cases:
         result = subprocess.run([sys.executable, "-m", "exporter", f"--web.config.file={path}", "--gpu.backend=none"],
                                 env=nvml_env(None, None), cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2
@@ -123,9 +153,42 @@ _keys = st.sampled_from(
      "client_ca_file", "min_version", "max_version", "cipher_suites", "headers", "http2", "alice", "x"]
 )
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=12),
-                  st.sampled_from(["server.crt", "server.key", "TLS12", "NoClientCert", HASH, "deny"]))
+                  st.sampled_from(["server.crt", "server.key", "client-ca.crt", "TLS12", "TLS13", "NoClientCert",
+                                   "RequireAndVerifyClientCert", HASH, "deny", "nosniff", "CurveP256",
+                                   "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]))
+# any value at all: what a typo'd YAML file puts where a string belongs
+_any = st.recursive(_leaf, lambda children: st.one_of(st.lists(children, max_size=3),
+                                                     st.dictionaries(_leaf, children, max_size=3)), max_leaves=6)
 _docs = st.recursive(_leaf, lambda children: st.one_of(st.lists(children, max_size=3),
                                                       st.dictionaries(_keys, children, max_size=4)), max_leaves=12)
+
+
+def _section(required: dict, optional: list[str]) -> st.SearchStrategy:
+    """A section with its required keys at valid values (so validation goes on to the rest)
+    and any subset of the other keys at any value, lists and dicts included."""
+    return st.fixed_dictionaries(required, optional={key: _any for key in optional})
+
+
+_tls_sections = _section(
+    {"cert_file": st.just("server.crt"), "key_file": st.just("server.key")},
+    ["client_auth_type", "client_ca_file", "min_version", "max_version", "cipher_suites",
+     "prefer_server_cipher_suites", "curve_preferences"],
+) | st.fixed_dictionaries({}, optional={key: _any for key in ("cert_file", "key_file", "min_version")})
+_list_positions = st.fixed_dictionaries(
+    {"cert_file": st.just("server.crt"), "key_file": st.just("server.key")},
+    optional={"cipher_suites": st.lists(_any, max_size=3), "curve_preferences": st.lists(_any, max_size=2)},
+)
+_header_sections = st.fixed_dictionaries({}, optional={
+    "http2": _any,
+    "headers": st.dictionaries(st.one_of(st.sampled_from(list(web_config.HEADERS)), _leaf), _any, max_size=3)
+    | st.dictionaries(st.sampled_from(list(web_config.HEADERS)), st.text(max_size=20), max_size=3),
+})
+_user_sections = st.dictionaries(st.one_of(_leaf, st.sampled_from(["alice", "bob"])), _any, max_size=3)
+_typed_docs = st.fixed_dictionaries({}, optional={
+    "tls_server_config": _tls_sections | _list_positions | _any,
+    "http_server_config": _header_sections | _any,
+    "basic_auth_users": _user_sections | _any,
+})
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -135,6 +198,21 @@ def test_fuzz_structured_documents(tls_dir, doc):
         parse(yaml.safe_dump(doc), tls_dir)
     except WebConfigError:
         pass
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=_typed_docs)
+def test_fuzz_every_value_position_with_any_type(tls_dir, doc):
+    """Lists, dicts, ints, None and odd text in each key of each section: a config or a
+    WebConfigError, never another exception; headers that pass go on the wire as they are."""
+    try:
+        config = parse(yaml.safe_dump(doc, allow_unicode=True), tls_dir)
+    except WebConfigError as exc:
+        assert "\n" not in str(exc)
+        return
+    for name, value in config.headers:
+        value.encode("ascii")
+        assert value == value.strip() and not any(ord(c) < 0x20 and c != "\t" or ord(c) == 0x7F for c in value)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
