@@ -54,10 +54,17 @@ def _duration(maximum: float, positive: bool = False) -> Callable[[str], float]:
         if positive and seconds <= 0:
             raise ValueError(f"invalid duration {text!r}: must be more than zero")
         if seconds > maximum:
-            raise ValueError(f"invalid duration {text!r}: at most {_shown(maximum)}")
+            raise ValueError(f"invalid duration {text!r}: at most {_go_duration(maximum)}")
         return seconds
 
     return check
+
+
+def _go_duration(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _telemetry_path(text: str) -> str:
