@@ -267,6 +267,6 @@ def parse_listen_address(value: str) -> tuple[str, int]:
         host = host[1:-1]
     elif ":" in host:
         raise ValueError(f"invalid listen address {value!r}: put an IPv6 host in brackets, e.g. [::1]:9636")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"invalid listen address {value!r}: port must be a number from 0 to 65535")
     return host, int(port_text)
