@@ -139,8 +139,17 @@ def test_http_routes(run_exporter, scenario):
         status, headers, _ = exporter.request("/metrics", method=method)
         assert status == 405, method
         assert headers["allow"] == "GET, HEAD"
-    status, headers, body = exporter.request("/metrics", method="HEAD")
-    assert status == 200 and body == b"" and int(headers["content-length"]) > 1000
+    # HEAD: http.client never reads a HEAD body, so check the wire: the next response
+    # starts right after HEAD's head on the same connection
+    with socket.create_connection(("127.0.0.1", exporter.port), timeout=10) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\nGET /-/healthy HTTP/1.1\r\nHost: x\r\n"
+                     b"Connection: close\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 ") and int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0]) > 1000
+    assert rest.startswith(b"HTTP/1.1 200 ") and rest.endswith(b"resmon-exporter is healthy.\n")
     # ?name[]= filtering as prometheus_client does it
     status, _, body = exporter.request("/metrics?name[]=resmon_gpu_devices")
     assert status == 200 and body.decode().count("\nresmon_") + body.decode().startswith("resmon_") >= 1
@@ -155,11 +164,12 @@ def test_ready_waits_for_first_refresh(run_exporter, scenario):
     exporter.wait_ready()
 
 
-def test_sigint_and_sigterm_exit_zero(run_exporter, scenario):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_sigint_and_sigterm_exit_zero(run_exporter, scenario, signame):
     import signal
 
     exporter = run_exporter("--gpu.backend=none")
     exporter.scrape()
-    exporter.proc.send_signal(signal.SIGINT)
+    exporter.proc.send_signal(getattr(signal, signame))
     assert exporter.proc.wait(15) == 0
     assert "Traceback" not in exporter.stderr
