@@ -84,16 +84,25 @@ def trace(tmp_path: Path) -> Trace:
 
 @pytest.fixture
 def run_exporter(fake_libs: dict[str, Path], scenario: Scenario, trace: Trace) -> Iterator[Callable[..., Exporter]]:
-    """run_exporter(*flags, lib="current"|"old"|Path|None, env={...}) -> a listening Exporter."""
+    """run_exporter(*flags, lib="current"|"old"|Path|None, env={...}) -> a listening Exporter
+    whose first GPU read is done (/-/ready 200: before it, scrapes carry no GPU families);
+    ready=False returns as soon as it listens, wait=False at once."""
     started: list[Exporter] = []
 
-    def start(*args: str, lib: Any = "current", env: dict[str, str] | None = None, wait: bool = True) -> Exporter:
+    def start(
+        *args: str, lib: Any = "current", env: dict[str, str] | None = None, wait: bool = True, ready: bool = True
+    ) -> Exporter:
         lib_dir = fake_libs[lib] if isinstance(lib, str) else lib
         full_env = nvml_env(lib_dir, scenario, trace)
         full_env.update(env or {})
         exporter = Exporter(args, full_env)
         started.append(exporter)
-        return exporter.wait_listening() if wait else exporter
+        if not wait:
+            return exporter
+        exporter.wait_listening()
+        if ready:
+            exporter.wait_ready()
+        return exporter
 
     yield start
     for exporter in started:

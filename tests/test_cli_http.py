@@ -158,7 +158,7 @@ def test_http_routes(run_exporter, scenario):
 
 def test_ready_waits_for_first_refresh(run_exporter, scenario):
     scenario.write({**three_gpus(), "delay_ms.nvmlInitWithFlags": 1500})
-    exporter = run_exporter()
+    exporter = run_exporter(ready=False)
     assert exporter.request("/-/ready")[0] == 503  # first refresh still in the driver
     assert exporter.request("/-/healthy")[0] == 200
     exporter.wait_ready()

@@ -88,7 +88,7 @@ def test_a_tiny_deadline_cannot_make_healthy_gpus_look_down_for_others(run_expor
 
 def test_start_up_is_outside_scrape_deadlines(run_exporter, machine):
     machine.update(**{"delay_ms.nvmlInitWithFlags": 3000})  # no persistence mode: a slow nvmlInit
-    exporter = run_exporter("--collect.timeout=1s", "--collect.cache-ttl=0")
+    exporter = run_exporter("--collect.timeout=1s", "--collect.cache-ttl=0", ready=False)
     s, waited = timed_scrape(exporter)
     assert waited < 1.0 + 1.0
     assert s.value("resmon_collector_success", collector="gpu") == 0
