@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def smi(tmp_path: Path) -> Smi:
 def start(fake_libs, scenario, trace, tmp_path):
     started: list[Exporter] = []
 
-    def run(smi: Smi, *args: str, nvml: bool = False, extra_env: dict | None = None) -> Exporter:
+    def run(smi: Smi, *args: str, nvml: bool = False, extra_env: dict | None = None, ready: bool = True) -> Exporter:
         lib = fake_libs["current"] if nvml else tmp_path / "no-nvml"
         lib.mkdir(exist_ok=True)
         env = smi.env(nvml_env(lib, scenario, trace))
@@ -77,7 +78,8 @@ def start(fake_libs, scenario, trace, tmp_path):
         exporter = Exporter(args, env)
         started.append(exporter)
         exporter.wait_listening()
-        exporter.wait_ready()  # the backend choice is made at start-up, before the first read
+        if ready:
+            exporter.wait_ready()  # the backend choice is made at start-up, before the first read
         return exporter
 
     yield run
@@ -228,6 +230,21 @@ def test_hung_cli_is_bounded_and_killed(smi, start):
     assert alive == []
     smi.write({"nvidia": NVIDIA_TWO})
     assert exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+
+
+def test_auto_probing_a_slow_cli_is_outside_scrape_deadlines(smi, start):
+    smi.install("nvidia-smi").write({"nvidia": {**NVIDIA_TWO, "sleep": 3}})  # a bare nvidia-smi that takes 3 s
+    exporter = start(smi, "--collect.cache-ttl=0", "--collect.timeout=5s", ready=False)
+    started = time.monotonic()
+    status, _, body = exporter.request("/metrics", timeout=20)
+    assert time.monotonic() - started < 2.0  # not the probe's 3 s: start-up is not inside a scrape
+    s = Scrape(body.decode())
+    assert status == 200 and s.value("resmon_collector_success", collector="gpu") == 0
+    assert s.has("resmon_memory_total_bytes") and not s.has("resmon_gpu_devices")
+    assert exporter.request("/-/ready")[0] == 503
+    exporter.wait_ready(timeout=30)
+    smi.write({"nvidia": NVIDIA_TWO})
+    assert_cli_gpus(exporter.scrape(), NVIDIA_TWO["gpus"])
 
 
 def test_extra_not_installed(smi, start, tmp_path):
