@@ -6,9 +6,7 @@ import argparse
 import os
 import platform
 import re
-import signal
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any
 
 import pytest
