@@ -51,17 +51,6 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         except OSError as exc:
             log.error(f"cannot listen on {config.web_listen_address}: {exc.strerror or exc}")
             return 1
-        log.info(
-            "listening",
-            extra=logs.fields(
-                # every bound address (':port' binds IPv4 and IPv6); the first stays right after address=
-                address=",".join(format_address(a) for a in bound),
-                telemetry_path=config.web_telemetry_path,
-                tls=web.tls_enabled,
-                version=__version__,
-                gpu_backend=config.gpu_backend,
-            ),
-        )
         stopped = asyncio.Event()
         loop = asyncio.get_running_loop()
         reloads: set[asyncio.Task[None]] = set()
@@ -81,6 +70,18 @@ def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop, sig)
         loop.add_signal_handler(signal.SIGHUP, reload)
+        # signals are handled before anyone is told we listen
+        log.info(
+            "listening",
+            extra=logs.fields(
+                # every bound address (':port' binds IPv4 and IPv6); the first stays right after address=
+                address=",".join(format_address(a) for a in bound),
+                telemetry_path=config.web_telemetry_path,
+                tls=web.tls_enabled,
+                version=__version__,
+                gpu_backend=config.gpu_backend,
+            ),
+        )
         await stopped.wait()
         log.info("shutting down")
         if not await server.shutdown(grace=SHUTDOWN_GRACE):

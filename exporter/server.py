@@ -9,8 +9,9 @@ What this module adds are the limits:
   until the socket is really closed; at the cap the longest-idle kept-alive connection is
   evicted (then the oldest one without a request head, then the longest-blocked writer),
   so idle or silent clients cannot lock a scrape out;
-- at most max_pending connections wait for their first request head (TLS handshake
-  included), the oldest is evicted beyond: that bounds memory held by silent clients;
+- beyond max_pending connections waiting for their first request head (TLS handshake
+  included), the oldest is evicted once it has been silent for PENDING_GRACE: silent
+  clients cannot hold more than that for long, a burst of real clients is not cut;
 - the TLS handshake and the first request head must arrive within the read-header timeout,
   a kept-alive connection may idle for the idle timeout, a response that the peer does not
   read within the write timeout aborts the connection;
@@ -32,6 +33,7 @@ import base64
 import binascii
 import logging
 import os
+import socket
 import ssl
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +48,10 @@ from .web import Request, Response, Route, Router, decode_path, plain
 from .web_config import WebConfigSource
 
 MAX_CONNECTIONS = 512
-MAX_PENDING = 128  # connections without a complete request head yet
+MAX_PENDING = 64  # connections without a complete request head yet (TLS handshake included)
+# beyond MAX_PENDING only connections silent this long are evicted: a burst of new clients
+# (each sends its head within a round trip or two) must not evict one another
+PENDING_GRACE = 1.0
 READ_CHUNK = 8192
 # the shortest refresh deadline a scrape can ask for: below this a refresh cannot succeed
 MIN_DEADLINE = 0.25
@@ -92,17 +97,20 @@ class _Conn:
     (kept alive between requests), busy (a request is being answered), writing (its
     response is being flushed)."""
 
-    __slots__ = ("writer", "state", "since")
+    __slots__ = ("writer", "state", "since", "waiting")
 
     def __init__(self, writer: asyncio.StreamWriter, now: float) -> None:
         self.writer = writer
         self.state = "new"
         self.since = now
+        self.waiting: asyncio.Future[None] | None = None  # see HttpServer._first_bytes
 
     def set(self, state: str, now: float) -> None:
         self.state, self.since = state, now
 
     def abort(self) -> None:
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.cancel()
         self.writer.transport.abort()
 
 
@@ -256,7 +264,9 @@ class HttpServer:
         limits = self._limits
         pending = [c for c in self._conns if c.state == "new"]
         if len(pending) >= limits.max_pending:
-            self._evict(min(pending, key=lambda c: c.since))
+            oldest = min(pending, key=lambda c: c.since)
+            if now - oldest.since >= PENDING_GRACE:
+                self._evict(oldest)
         if len(self._conns) < limits.max_connections:
             return True
         for state in ("idle", "new", "writing"):
@@ -264,7 +274,7 @@ class HttpServer:
             if candidates:
                 self._evict(min(candidates, key=lambda c: c.since))
                 return True
-        return False
+        return False  # every socket is answering a request: those are bounded by the pools
 
     def _evict(self, conn: _Conn) -> None:
         self._conns.pop(conn, None)  # its socket closes on the loop's next turn
@@ -297,6 +307,40 @@ class HttpServer:
         except (Exception, asyncio.TimeoutError):
             writer.transport.abort()
 
+    async def _first_bytes(self, conn: _Conn, timeout: float) -> bool:
+        """Wait, reading nothing, until the client sends something (its ClientHello): a
+        silent connection then holds no TLS state (asyncio allocates its buffers at
+        start_tls). The paused transport owns the socket's fd in the loop, so a duplicate
+        fd is watched. False: silent until the timeout, or evicted."""
+        sock = conn.writer.get_extra_info("socket")
+        try:
+            watched = socket.socket(fileno=os.dup(sock.fileno()))
+        except (OSError, AttributeError, ValueError):
+            return True  # no spare fd: go straight to the handshake
+        fd = watched.fileno()
+        loop = asyncio.get_running_loop()
+        conn.waiting = loop.create_future()
+        waiting = conn.waiting
+        loop.add_reader(fd, lambda: waiting.done() or waiting.set_result(None))
+        try:
+            await asyncio.wait_for(waiting, max(timeout, 0.0))
+            try:  # a client that just closed needs no handshake either
+                return bool(watched.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+        except asyncio.TimeoutError:
+            return False
+        except asyncio.CancelledError:
+            if not waiting.cancelled():
+                raise
+            return False  # evicted (or the task cancelled at exit: it ends either way)
+        finally:
+            loop.remove_reader(fd)
+            watched.close()
+            conn.waiting = None
+
     async def _start_tls(self, writer: asyncio.StreamWriter, ctx: ssl.SSLContext, timeout: float) -> bool:
         # Per connection, with the context as it is now: a rotated certificate applies at once.
         timeout = max(timeout, 0.001)
@@ -324,8 +368,11 @@ class HttpServer:
         head_deadline = conn.since + limits.read_header_timeout
         await self._refresh_web(per_request=False)
         _, ctx, _ = self._web.current()
-        if ctx is not None and not await self._start_tls(writer, ctx, head_deadline - loop.time()):
-            return
+        if ctx is not None:
+            if not await self._first_bytes(conn, head_deadline - loop.time()):
+                return
+            if not await self._start_tls(writer, ctx, head_deadline - loop.time()):
+                return
         h = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         first = True
         while not self._closing:

@@ -67,7 +67,7 @@ def test_unknown_user_costs_as_much_as_the_slowest_configured_hash():
 def test_long_passwords_get_401_for_known_and_unknown_users(run_exporter, machine, tmp_path):
     cfg = tmp_path / "web.yml"
     cfg.write_text(f"basic_auth_users:\n  alice: '{hashed(b'pw', 4).decode()}'\n")
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     long = "x" * 100  # bcrypt 5 refuses passwords over 72 bytes with ValueError
     for user in ("alice", "mallory"):
         wire = Wire(exporter.port)
@@ -98,7 +98,7 @@ def test_repeated_wrong_password_costs_no_bcrypt():
 def test_auth_flood_does_not_starve_an_authorised_scrape(run_exporter, machine, tmp_path):
     cfg = tmp_path / "web.yml"
     cfg.write_text(f"basic_auth_users:\n  prometheus: '{hashed(b'secret', 12).decode()}'\n")
-    exporter = run_exporter(f"--web.config.file={cfg}", "--collect.cache-ttl=0")
+    exporter = run_exporter(f"--web.config.file={cfg}", "--collect.cache-ttl=0", ready=False)
     good = {"Authorization": "Basic " + base64.b64encode(b"prometheus:secret").decode()}
     assert exporter.request("/metrics", headers=good)[0] == 200  # the success is cached from now on
 
@@ -162,7 +162,7 @@ def auth_config(tmp_path):
                                     "http_server_config: {headers: {X-Frame-Options: deny}}\n"])
 def test_a_reload_that_drops_every_user_is_refused(run_exporter, machine, auth_config, broken):
     cfg, _ = auth_config
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     assert status(exporter) == 401
     write_config(cfg, broken)
     assert status(exporter) == 401  # still required
@@ -177,7 +177,7 @@ def test_a_reload_with_a_list_for_a_string_keeps_the_last_good_config(run_export
     cfg = tmp_path / "web.yml"
     tls = "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
     write_config(cfg, tls)
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     write_config(cfg, tls + "  min_version: [TLS12]\n")
     ctx = ssl.create_default_context(cafile=str(ca.cert_file))
     for _ in range(3):  # every request is answered; the error is logged once, not per request
@@ -193,7 +193,7 @@ def test_a_reload_with_a_list_for_a_string_keeps_the_last_good_config(run_export
 
 def test_a_fifo_as_web_config_does_not_freeze_serving(run_exporter, machine, auth_config, tmp_path):
     cfg, _ = auth_config
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     os.replace(fifo, cfg)  # the config is now a FIFO nobody writes to

@@ -269,7 +269,7 @@ def test_tls_right_and_wrong_ca_and_rotation(run_exporter, machine, pki):
     cfg = pki["dir"] / "web.yml"
     write_config(cfg, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
                       "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     status, headers, body, peer = https(exporter.port, pki["server_ca"].cert_file)
     assert status == 200 and b"resmon_gpu_up" in body
     assert headers["x-content-type-options"] == "nosniff"
@@ -291,7 +291,7 @@ def test_mtls_requires_a_client_cert_from_the_ca(run_exporter, machine, pki):
     cfg = pki["dir"] / "web.yml"
     write_config(cfg, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
                       "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: client-ca.crt\n")
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     assert https(exporter.port, pki["server_ca"].cert_file, cert=pki["client"])[0] == 200
     for cert in (None, pki["rogue"]):
         with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
@@ -304,7 +304,7 @@ def test_basic_auth_right_wrong_missing_and_user_change(run_exporter, machine, p
     alice = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode()
     write_config(cfg, f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
                       f"basic_auth_users:\n  alice: '{alice}'\n")
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     ca = pki["server_ca"].cert_file
     assert https(exporter.port, ca, auth=("alice", "s3cret"))[0] == 200
     for auth in (None, ("alice", "wrong"), ("mallory", "s3cret"), ("", "")):

@@ -100,7 +100,7 @@ def machine(scenario):
 def test_head_401_has_no_body_on_a_kept_alive_connection(run_exporter, machine, tmp_path):
     cfg = tmp_path / "web.yml"
     cfg.write_text(f"basic_auth_users:\n  alice: '{bcrypt.hashpw(b'pw', bcrypt.gensalt(4)).decode()}'\n")
-    exporter = run_exporter(f"--web.config.file={cfg}")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
     wire = Wire(exporter.port)
     try:
         # pipelined: HEAD without credentials, then a GET: the GET's answer must follow the
