@@ -158,6 +158,7 @@ class HttpServer:
         self._refreshing: asyncio.Future[None] | None = None
         self._last_refresh = 0.0
         self._conns: dict[_Conn, None] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()  # connection handlers, awaited at shutdown
         self._active = 0  # requests being answered
         self._scrapes = 0  # of which on the telemetry path
         self._checks = 0  # password checks running or queued
@@ -210,6 +211,8 @@ class HttpServer:
                 drained = False
         for conn in list(self._conns):
             conn.abort()
+        if self._tasks:  # let the aborted connections finish rather than be cancelled at exit
+            await asyncio.wait(list(self._tasks), timeout=1.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._config_pool.shutdown(wait=False, cancel_futures=True)
         return drained
@@ -226,7 +229,8 @@ class HttpServer:
         exc = context.get("exception")
         message = str(context.get("message") or "")
         client = "transport" in context or "protocol" in context
-        if isinstance(exc, _CLIENT_NOISE) or (isinstance(exc, TimeoutError) and client):
+        if isinstance(exc, (*_CLIENT_NOISE, asyncio.CancelledError)) or (isinstance(exc, TimeoutError) and client):
+            # CancelledError: a connection task cancelled as the loop closes
             self._log.debug("connection error", extra=fields(error=f"{exc.__class__.__name__}: {exc}"))
             return
         error = f"{exc.__class__.__name__}: {exc}" if exc is not None else message
@@ -285,12 +289,15 @@ class HttpServer:
         if self._web.tls_enabled:
             # the ClientHello must reach the TLS layer, not the plain stream: read nothing
             # until start_tls (which resumes reading) while the config check runs
-            writer.transport.pause_reading()
+            writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport
         conn = _Conn(writer, loop.time())
         if self._closing or not self._make_room(conn.since):
             writer.transport.abort()
             return
         self._conns[conn] = None
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         try:
             await self._serve(conn, reader, writer)
         except _CLIENT_GONE:
@@ -298,6 +305,8 @@ class HttpServer:
         finally:
             await self._close(writer)
             self._conns.pop(conn, None)
+            if task is not None:
+                self._tasks.discard(task)
 
     async def _close(self, writer: asyncio.StreamWriter) -> None:
         # counted until really closed; a peer that does not read cannot hold the close open
@@ -321,7 +330,11 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         conn.waiting = loop.create_future()
         waiting = conn.waiting
-        loop.add_reader(fd, lambda: waiting.done() or waiting.set_result(None))
+        def readable() -> None:
+            if not waiting.done():
+                waiting.set_result(None)
+
+        loop.add_reader(fd, readable)
         try:
             await asyncio.wait_for(waiting, max(timeout, 0.0))
             try:  # a client that just closed needs no handshake either

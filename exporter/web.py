@@ -252,7 +252,7 @@ class Router:
             body = render(frozenset(names))
         else:
             body = self._cache.get(snap, (content_type, compress), render)
-        headers = (("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding"))
+        headers: tuple[tuple[str, str], ...] = (("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding"))
         if compress:
             headers += (("Content-Encoding", "gzip"),)
         return Response(200, headers, body)
