@@ -442,7 +442,8 @@ class Authenticator:
     """bcrypt basic auth that tells nobody which users exist.
 
     Unknown users are checked against a dummy hash with the cost of the slowest configured
-    hash, built at construction. Any failure inside a check (bcrypt refuses passwords over 72
+    hash, built at construction; users with cheaper hashes are padded to the slowest check's
+    time (measured), so no cost shows either. Any failure inside a check (bcrypt refuses passwords over 72
     bytes) is a plain "no". Recent successes and failures are cached by a hash of (user,
     password, stored hash), so a repeated wrong password costs no bcrypt; cached() answers
     from the caches only, verify() does the bcrypt work (callers bound its concurrency)."""
@@ -458,6 +459,8 @@ class Authenticator:
         self._failed: OrderedDict[bytes, float] = OrderedDict()  # key -> expiry (monotonic)
         self._lock = threading.Lock()
         cost = max((bcrypt_cost(h) for h in users.values()), default=4)
+        self._max_cost = cost
+        self._slowest = 0.0  # seconds a check at the slowest cost took (the latest measured)
         # a real salt of that cost plus a well-formed digest: checking against it costs the
         # full bcrypt work, without paying that work here at load
         tail = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(4))[-31:]
@@ -490,11 +493,24 @@ class Authenticator:
         import bcrypt
 
         hashed = self.users.get(user)
+        stored = hashed if hashed is not None else self.dummy
+        started = time.monotonic()
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else self.dummy)
+            ok = bcrypt.checkpw(password.encode(), stored)
         except Exception:  # bcrypt refuses (too long, bad encoding): the same "no" for every user
             ok = False
         ok = ok and hashed is not None
+        elapsed = time.monotonic() - started
+        if bcrypt_cost(stored) == self._max_cost:
+            self._slowest = elapsed
+        elif self._slowest == 0.0:
+            # a user with a cheaper hash answers as late as the slowest one (and as an unknown
+            # user): not measured yet, so pay the slowest check itself once
+            started = time.monotonic()
+            bcrypt.checkpw(b"resmon-pad", self.dummy)
+            self._slowest = time.monotonic() - started
+        elif self._slowest > elapsed:
+            time.sleep(self._slowest - elapsed)
         key = self._key(user, password)
         with self._lock:
             if ok:
