@@ -310,7 +310,10 @@ class ResourceMonitor:
                 return done.reading, CollectorStatus(done.reading.success, done.duration_seconds, done.timestamp_seconds), True
             now = time.monotonic()
             age = reader.inflight_age(now)
-            if age is not None and age >= self._timeout:
+            # hung: in flight for --collect.timeout, or this caller gave it that whole budget
+            # (its read may have started a moment after the caller did)
+            full_budget = deadline - started >= self._timeout
+            if age is not None and (age >= self._timeout or (now >= deadline and full_budget)):
                 return self._hung(reader, age)
             if now >= deadline or reader.closing or (self._started and not reader.prepared):
                 # this caller's own deadline came first: the last completed reading, as it was
