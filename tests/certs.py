@@ -46,6 +46,14 @@ class CA:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            # the key identifiers and usage that Python 3.13's strict verification requires
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
+            .add_extension(
+                x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                              encipher_only=False, decipher_only=False),
+                critical=True,
+            )
             .sign(self.key, hashes.SHA256())
         )
         self.issued = _write(directory / name, self.cert, self.key)
@@ -68,6 +76,10 @@ class CA:
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]),
                 critical=False,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
             )
         )
         if not client:
