@@ -16,11 +16,10 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from certs import CA
-from fakenvml import Scrape
 from scenarios import three_gpus
 
 

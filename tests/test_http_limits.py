@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from certs import CA
-from exporter.server import HttpServer, Limits
-from exporter.web_config import WebConfigSource
+from exporter.server import HttpServer
 from scenarios import three_gpus
 from test_http_framing import Wire, get
 
