@@ -113,9 +113,9 @@ def test_host_families(run_exporter, machine):
     assert total == psutil.virtual_memory().total
     assert 0 < available <= total
     assert s.value("resmon_memory_used_bytes") == total - available
-    assert s.value("resmon_swap_total_bytes") >= s.value("resmon_swap_used_bytes") >= 0
+    assert s.value("resmon_swap_total_bytes") >= s.value("resmon_swap_used_bytes")
     for name in ("resmon_load1", "resmon_load5", "resmon_load15"):
-        assert s.value(name) >= 0
+        assert s.has(name)  # values against /proc/loadavg: tests/test_host.py
 
 
 def test_exporter_families(run_exporter, machine):
@@ -128,7 +128,7 @@ def test_exporter_families(run_exporter, machine):
     assert s.value("resmon_build_info", version=__version__, python_version=platform.python_version()) == 1
     for collector in ("gpu", "host"):
         assert s.value("resmon_collector_success", collector=collector) == 1
-        assert s.value("resmon_collector_duration_seconds", collector=collector) >= 0
+        assert 0 < s.value("resmon_collector_duration_seconds", collector=collector) < 5  # measured, within --collect.timeout
         assert s.value("resmon_last_refresh_timestamp_seconds", collector=collector) > 1.6e9
     # client library defaults stay
     assert s.has("process_resident_memory_bytes")
