@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -24,6 +25,10 @@ from .logs import LOGGER_NAME, fields
 from .samples import CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 
 GIB = 1024**3
+_MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
+# A read whose caller gave it the whole --collect.timeout may have started a moment after
+# the caller did: it counts as hung this much early.
+_HUNG_SLACK = 0.05
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -131,16 +136,20 @@ class _GpuReader:
             duration = time.perf_counter() - clock
             with self._cond:
                 self._seq += 1
-                self.last = _Completed(
-                    reading or GpuReading(backend=self._backend.name, success=False),
-                    duration, time.time(), started, self._seq,
-                )
+                self.last = _Completed(reading or self._failed(), duration, time.time(), started, self._seq)
                 self._inflight_since = None
                 self._cond.notify_all()
         self._call("close", self._backend.close)
         with self._cond:
             self._finished = True
             self._cond.notify_all()
+
+    def _failed(self) -> GpuReading:
+        """A read that raised: the devices of the last reading, down (not vanished)."""
+        last = self.last.reading if self.last is not None else None
+        if last is None:
+            return GpuReading(backend=self._backend.name, success=False)
+        return dataclasses.replace(last, success=False, devices=tuple(GpuSample(d.identity, up=False) for d in last.devices))
 
     def _call(self, what: str, fn: Any) -> Any:
         try:
@@ -205,6 +214,9 @@ class ResourceMonitor:
         self._gpu_stuck = False
         self._started = False
         self._closed = False
+        if self._reader is not None:
+            # a monitor dropped without close() still stops its thread and releases NVML
+            weakref.finalize(self, self._reader.close, 0.0)
 
     def __enter__(self) -> "ResourceMonitor":
         return self
@@ -232,7 +244,9 @@ class ResourceMonitor:
         """The current snapshot, refreshed if older than the TTL. timeout: this caller's own
         deadline in seconds (default: collect_timeout); it is never exceeded."""
         started = time.monotonic()
-        deadline = started + (self._timeout if timeout is None else max(0.0, timeout))
+        # bounded: a huge timeout would overflow the condition waits
+        deadline = started + (self._timeout if timeout is None else min(max(0.0, timeout), _MAX_WAIT))
+        late = False
         with self._cond:
             generation = self._generation
             while True:
@@ -247,7 +261,10 @@ class ResourceMonitor:
                     self._refreshing = True
                     break
                 if not self._cond.wait(deadline - time.monotonic()) and time.monotonic() >= deadline:
-                    return self._late(snap, started)
+                    late = True
+                    break
+        if late:  # outside the lock: _late may read the host
+            return self._late(snap, started)
         snap, publish = None, False
         try:
             snap, publish = self._refresh(started, deadline)
@@ -301,7 +318,7 @@ class ResourceMonitor:
                 until = now  # start-up probing is not waited for by a scrape
             age = reader.inflight_age(now)
             if age is not None:
-                until = min(until, now - age + self._timeout)  # when the read becomes "hung"
+                until = min(until, now - age + self._timeout - _HUNG_SLACK)  # when the read becomes "hung"
             done = reader.wait(target, until)
             if done is not None:
                 if self._gpu_stuck:
@@ -310,12 +327,11 @@ class ResourceMonitor:
                 return done.reading, CollectorStatus(done.reading.success, done.duration_seconds, done.timestamp_seconds), True
             now = time.monotonic()
             age = reader.inflight_age(now)
-            # hung: in flight for --collect.timeout, or this caller gave it that whole budget
-            # (its read may have started a moment after the caller did)
-            full_budget = deadline - started >= self._timeout
-            if age is not None and (age >= self._timeout or (now >= deadline and full_budget)):
+            if age is not None and age >= self._timeout - _HUNG_SLACK:
                 return self._hung(reader, age)
             if now >= deadline or reader.closing or (self._started and not reader.prepared):
+                if not reader.prepared:
+                    self._started = True  # one caller waited on start-up: later ones do not
                 # this caller's own deadline came first: the last completed reading, as it was
                 last = reader.last
                 status = CollectorStatus(False, now - started, last.timestamp_seconds if last else None)

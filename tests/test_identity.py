@@ -128,3 +128,27 @@ def test_v1_memory_help_says_reserved_memory_is_included(run_exporter, scenario)
     current = run_exporter()
     current.wait_ready()
     assert "not included" in current.scrape().families["resmon_gpu_memory_used_bytes"].documentation
+
+
+def test_a_transient_uuid_failure_keeps_the_gpu_and_leaves_no_phantom(run_exporter, scenario):
+    scenario.write(BASE)
+    exporter = run_exporter("--collect.cache-ttl=0")
+    scenario.update(**{"gpu.2.rc.nvmlDeviceGetUUID": 999})  # UNKNOWN, once; the PCI info answers
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="2", uuid=UUID[2]) == 1  # recognised by its PCI bus id
+    assert len(s.series("resmon_gpu_up")) == 3
+    scenario.update(**{"gpu.2.rc.nvmlDeviceGetUUID": None})
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="2", uuid=UUID[2]) == 1 and len(s.series("resmon_gpu_up")) == 3
+    assert "not answering" not in exporter.stderr
+
+
+def test_without_uuids_a_renumbered_gpu_does_not_duplicate_a_series(run_exporter, scenario):
+    machine = {**BASE, "rc.nvmlDeviceGetUUID": FUNCTION_NOT_FOUND}  # a driver without UUIDs: keyed by PCI bus id
+    scenario.write(machine)
+    exporter = run_exporter("--collect.cache-ttl=0")
+    scenario.write(without_gpu(machine, 1))
+    s = exporter.scrape()  # the parser would raise on a duplicate; count the label sets too
+    labels = [tuple(sorted(l.items())) for l, _ in s.series("resmon_gpu_up")]
+    assert len(labels) == len(set(labels)) == 2
+    assert s.value("resmon_gpu_info", gpu="1", uuid="", pci_bus_id="00000000:0B:00.0") == 1

@@ -179,7 +179,6 @@ class NvmlBackend:
         self._initialised = True
         self._ever_initialised = True
         self._init_failures = 0
-        self._backoff = self._min_backoff
         self._handles.clear()
         self._complete.clear()
         self._count = -1
@@ -222,8 +221,10 @@ class NvmlBackend:
         # without shutdown would leak one reference per driver reload
         self._shutdown()
         self._handles.clear()
-        self._backoff = self._min_backoff
+        # doubling until a read succeeds again: an init that works but a count that keeps
+        # failing must not re-init every second
         self._next_attempt = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self._max_backoff)
 
     def _shutdown(self) -> None:
         if self._initialised:
@@ -259,7 +260,14 @@ class NvmlBackend:
         seen = set(by_key)
         samples = list(by_key.values())
         # A device seen before but no longer enumerated stays visible as down, under its last index.
-        samples += [self._down(key, None) for key in self._identities if key not in seen]
+        shown = {(s.identity.index, s.identity.uuid) for s in samples}
+        for key, identity in list(self._identities.items()):
+            if key in seen:
+                continue
+            if (identity.index, identity.uuid) in shown:
+                continue  # same labels as an enumerated device (no UUID to tell them apart)
+            samples.append(self._down(key, None))
+        self._backoff = self._min_backoff  # a read that worked: the next loss retries soon again
         return GpuReading(
             backend="nvml",
             success=True,
@@ -319,9 +327,12 @@ class NvmlBackend:
         call that catches re-enumeration), its identity read field by field until complete."""
         uuid = _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, handle))
         pci = ""
+        key = uuid
         if not uuid:
+            # a UUID that does not answer (this once, or on this driver): the device known by
+            # this PCI bus id, else a new key by PCI bus id, else whoever was at this index
             pci = self._pci_bus_id(handle)
-        key = uuid or pci or self._key_at.get(index) or f"#index-{index}"
+            key = self._key_by_pci(pci) or pci or self._key_at.get(index) or f"#index-{index}"
         placeholder = f"#index-{index}"
         if key != placeholder and placeholder in self._identities:
             # the device's first answer: its uuid="" series is replaced by the real one
@@ -332,8 +343,21 @@ class NvmlBackend:
             if old.index != index:
                 old = self._identities[key] = dataclasses.replace(old, index=index)
             return key
-        self._identities[key] = self._read_identity(index, handle, uuid, pci, old)
+        identity = self._identities[key] = self._read_identity(index, handle, uuid, pci, old)
+        if uuid and identity.pci_bus_id:
+            # the UUID answers now: a device that was known by its PCI bus id is this one
+            for other in [k for k, i in self._identities.items() if k != key and not i.uuid and i.pci_bus_id == identity.pci_bus_id]:
+                del self._identities[other]
+                self._up.pop(other, None)
         return key
+
+    def _key_by_pci(self, pci: str) -> str | None:
+        if not pci:
+            return None
+        for key, identity in self._identities.items():
+            if identity.pci_bus_id == pci:
+                return key
+        return None
 
     def _pci_bus_id(self, handle: Any) -> str:
         pci = nvml_errors.field(pynvml.nvmlDeviceGetPciInfo, handle)
@@ -348,6 +372,7 @@ class NvmlBackend:
             return ""
 
     def _read_identity(self, index: int, handle: Any, uuid: str, pci: str, old: GpuIdentity | None) -> GpuIdentity:
+        uuid = uuid or (old.uuid if old else "")  # a UUID once read is kept
         name = (old.name if old else "") or self._name(handle)
         pci = (old.pci_bus_id if old else "") or pci or self._pci_bus_id(handle)
         clocks = old.clock_max_hertz if old else ()
@@ -362,8 +387,8 @@ class NvmlBackend:
                     found.append((clock, hertz))
             clocks = tuple(found)
         identity = GpuIdentity(index=index, uuid=uuid, name=name, pci_bus_id=pci, clock_max_hertz=clocks)
-        if uuid and name and pci:
-            self._complete.add(uuid)
+        if name and pci:  # complete: no identity call again until the next init
+            self._complete.add(uuid or pci)
         return identity
 
     def _memory(self, handle: Any) -> Any:
