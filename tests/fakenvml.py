@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import http.client
 import importlib.util
+import logging
 import os
 import re
 import subprocess
@@ -254,3 +255,17 @@ def load_in_process(lib_dir: Path, trace_path: Path) -> Trace:
         ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
         _IN_PROCESS["lib"], _IN_PROCESS["trace"] = lib_dir, trace_path
     return Trace(_IN_PROCESS["trace"])
+
+
+class Records(logging.Handler):
+    """Keeps every log record, for tests that assert on what was logged and at which level."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, level: int = logging.DEBUG) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= level]

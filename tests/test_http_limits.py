@@ -14,6 +14,7 @@ import pytest
 
 from certs import CA
 from exporter.server import HttpServer
+from fakenvml import Records
 from scenarios import three_gpus
 from test_http_framing import Wire, get
 
@@ -123,15 +124,6 @@ def test_a_peer_that_never_reads_cannot_hold_more_than_the_cap(run_exporter, mac
 
 
 # -- the event loop's error handler --------------------------------------------------------
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.mark.parametrize(

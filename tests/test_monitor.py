@@ -17,20 +17,8 @@ import pytest
 
 from exporter import ResourceMonitor
 from exporter.samples import GpuReading
-from fakenvml import Scenario, Trace, load_in_process
+from fakenvml import Records, Scenario, Trace, load_in_process
 from scenarios import DRIVER_NOT_LOADED, three_gpus
-
-
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-    def messages(self, level: int = logging.DEBUG) -> list[str]:
-        return [r.getMessage() for r in self.records if r.levelno >= level]
 
 
 @pytest.fixture
