@@ -22,7 +22,7 @@ from typing import Any
 from .backends import GpuBackend, make_backend
 from .host import HostReader
 from .logs import LOGGER_NAME, fields
-from .samples import CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
+from .samples import CollectorStatus, GpuReading, HostSample, Snapshot
 
 GIB = 1024**3
 _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
@@ -146,10 +146,9 @@ class _GpuReader:
 
     def _failed(self) -> GpuReading:
         """A read that raised: the devices of the last reading, down (not vanished)."""
-        last = self.last.reading if self.last is not None else None
-        if last is None:
+        if self.last is None:
             return GpuReading(backend=self._backend.name, success=False)
-        return dataclasses.replace(last, success=False, devices=tuple(GpuSample(d.identity, up=False) for d in last.devices))
+        return self.last.reading.down()
 
     def _call(self, what: str, fn: Any) -> Any:
         try:
@@ -349,9 +348,7 @@ class ResourceMonitor:
         status = CollectorStatus(False, age, last.timestamp_seconds if last else None)
         if last is None:
             return None, status, True  # never read: no devices to report down, and no count
-        reading = last.reading
-        down = dataclasses.replace(reading, success=False, devices=tuple(GpuSample(d.identity, up=False) for d in reading.devices))
-        return down, status, True
+        return last.reading.down(), status, True
 
     def _read_host(self) -> tuple[HostSample | None, CollectorStatus | None]:
         if self._host is None:

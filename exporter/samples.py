@@ -6,7 +6,9 @@ host did not report it (unsupported), which the collector turns into a missing s
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Iterable
 
 CLOCK_TYPES: tuple[str, ...] = ("graphics", "sm", "memory", "video")
 
@@ -60,6 +62,15 @@ class GpuSample:
     processes: int | None = None  # distinct PIDs in the compute and graphics lists
 
 
+def in_order(samples: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
+    """Devices by index, then UUID (a vanished GPU stays under its last index)."""
+    return tuple(sorted(samples, key=lambda s: (s.identity.index, s.identity.uuid)))
+
+
+def all_down(identities: Iterable[GpuIdentity]) -> tuple[GpuSample, ...]:
+    return in_order(GpuSample(i, up=False) for i in identities)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReading:
     """What the GPU backend reported in one refresh."""
@@ -72,6 +83,10 @@ class GpuReading:
     # "v1" when the driver lacks nvmlDeviceGetMemoryInfo_v2: memory used then includes
     # driver-reserved memory, and the family's HELP says so
     memory_api: str = "v2"
+
+    def down(self) -> "GpuReading":
+        """This reading failed: the same devices, every one down (not vanished)."""
+        return dataclasses.replace(self, success=False, devices=tuple(GpuSample(d.identity, up=False) for d in self.devices))
 
 
 @dataclass(frozen=True, slots=True)

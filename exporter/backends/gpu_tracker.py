@@ -14,7 +14,7 @@ import time
 from types import ModuleType
 
 from ..logs import fields
-from ..samples import GpuIdentity, GpuReading, GpuSample
+from ..samples import GpuIdentity, GpuReading, GpuSample, all_down, in_order
 from . import BackendError
 
 MIB = 1048576
@@ -49,10 +49,6 @@ def detect_vendor(timeout: float) -> tuple[str | None, list[str]]:
     return None, reasons
 
 
-def _order(sample: GpuSample) -> tuple[int, str]:
-    return sample.identity.index, sample.identity.uuid
-
-
 class GpuTrackerBackend:
     name = "gpu-tracker"
 
@@ -79,7 +75,7 @@ class GpuTrackerBackend:
             return GpuReading(
                 backend=self.name,
                 success=False,
-                devices=tuple(sorted((GpuSample(i, up=False) for i in self._identities.values()), key=_order)),
+                devices=all_down(self._identities.values()),
             )
         if self._failing:
             self._log.info("GPU CLI answering again", extra=fields(seconds=round(time.monotonic() - start, 3)))
@@ -107,7 +103,7 @@ class GpuTrackerBackend:
             )
         # a GPU no longer listed stays visible as down, under its last index
         devices += [GpuSample(i, up=False) for key, i in self._identities.items() if key not in seen]
-        return GpuReading(backend=self.name, success=True, device_count=len(gpus), devices=tuple(sorted(devices, key=_order)))
+        return GpuReading(backend=self.name, success=True, device_count=len(gpus), devices=in_order(devices))
 
     def close(self) -> None:
         pass

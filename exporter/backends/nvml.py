@@ -24,7 +24,7 @@ import pynvml
 from .. import nvml_errors
 from ..logs import fields
 from ..nvml_errors import BackendDown, DeviceDown, Missing, Undecodable
-from ..samples import CLOCK_TYPES, GpuIdentity, GpuReading, GpuSample
+from ..samples import CLOCK_TYPES, GpuIdentity, GpuReading, GpuSample, all_down, in_order
 
 _U32_NA = 0xFFFFFFFF
 _U64_NA = 0xFFFFFFFFFFFFFFFF
@@ -273,7 +273,7 @@ class NvmlBackend:
             success=True,
             device_count=count,
             driver_version=self._driver_version,
-            devices=tuple(sorted(samples, key=_order)),
+            devices=in_order(samples),
             memory_api=self.memory_api,
         )
 
@@ -285,7 +285,7 @@ class NvmlBackend:
             backend="nvml" if failing else "none",
             success=not failing,
             driver_version=self._driver_version,
-            devices=tuple(sorted((GpuSample(i, up=False) for i in self._identities.values()), key=_order)),
+            devices=all_down(self._identities.values()),
             memory_api=self.memory_api,
         )
 
@@ -447,7 +447,3 @@ class NvmlBackend:
             return None
         # one process can be in both lists (gpustat #84)
         return len({p.pid for p in (compute or [])} | {p.pid for p in (graphics or [])})
-
-
-def _order(sample: GpuSample) -> tuple[int, str]:
-    return sample.identity.index, sample.identity.uuid
