@@ -72,6 +72,26 @@ def all_down(identities: Iterable[GpuIdentity]) -> tuple[GpuSample, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class XidCount:
+    """XID events of one code on one GPU since the exporter started."""
+
+    uuid: str
+    xid: int  # the code; 999 is NVML's "unknown XID"
+    count: int
+    last_seen_seconds: float  # Unix time the latest one was received
+
+
+@dataclass(frozen=True, slots=True)
+class XidState:
+    """What the XID watcher has seen; a copy taken at read time."""
+
+    counts: tuple[XidCount, ...] = ()
+    watched: frozenset[str] = frozenset()  # UUIDs registered for XID events
+    healthy: bool = True  # False while a registration failed and a rebuild is pending
+    duration_seconds: float = 0.0  # how long the latest (re)registration took
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """What the GPU backend reported in one refresh."""
 

@@ -76,7 +76,9 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t size");
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetProcessUtilization)                 \
     X(nvmlDeviceGetDriverModel_v2) X(nvmlDeviceGetDriverModel)                           \
     X(nvmlDeviceGetConfComputeMemSizeInfo) X(nvmlDeviceGetCudaComputeCapability)         \
-    X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetRunningProcessDetailList)
+    X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetRunningProcessDetailList)             \
+    X(nvmlEventSetCreate) X(nvmlDeviceRegisterEvents) X(nvmlDeviceGetSupportedEventTypes) \
+    X(nvmlEventSetWait_v2) X(nvmlEventSetWait) X(nvmlEventSetFree)
 
 enum {
 #define X(n) FN_##n,
@@ -140,6 +142,13 @@ static int g_loaded;               /* 0 never, 1 from file, 2 defaults (no file)
 static struct stat g_scenario_st;
 static int g_trace_fd = -2;
 
+/* Event sets and injected XIDs live in fake_events.c (included at the end). Hooks: */
+static int events_gpu_key(int idx, const char *k, const char *v); /* gpu.<i>.<k>: 1 = handled */
+static int events_key(const char *k, const char *v);              /* top-level key: 1 = handled */
+static void events_defaults(void);     /* per-reload defaults (before the file is parsed) */
+static void events_after_reload(void); /* after the file was parsed: deliver new injected events */
+static void events_on_shutdown(void);  /* the last nvmlShutdown: every event set is gone */
+
 static const char *const clock_names[4] = {"graphics", "sm", "memory", "video"};
 
 static void gpu_defaults(int i, fake_gpu_t *gp) {
@@ -185,6 +194,7 @@ static void set_defaults(void) {
         g.delay_ms[f] = 0;
     }
     for (int i = 0; i < MAX_GPUS; i++) gpu_defaults(i, &g.gpus[i]);
+    events_defaults();
 }
 
 static int fn_id(const char *name) {
@@ -270,7 +280,8 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
                 return;
             }
         warn_key(full);
-    } else if (!parse_override(k, v, gp->rc, gp->delay_ms)) warn_key(full);
+    } else if (!parse_override(k, v, gp->rc, gp->delay_ms) && !events_gpu_key((int)(gp - g.gpus), k, v))
+        warn_key(full);
 }
 
 static char *trim(char *s) {
@@ -305,7 +316,7 @@ static void parse_file(FILE *f) {
         } else if (strcmp(key, "driver_version") == 0) copy(g.driver, sizeof g.driver, val);
         else if (strcmp(key, "nvml_version") == 0) copy(g.nvml_version, sizeof g.nvml_version, val);
         else if (strcmp(key, "cuda_version") == 0) g.cuda_version = (int)num(val);
-        else if (!parse_override(key, val, g.rc, g.delay_ms)) warn_key(key);
+        else if (!parse_override(key, val, g.rc, g.delay_ms) && !events_key(key, val)) warn_key(key);
     }
 }
 
@@ -330,6 +341,7 @@ static void maybe_reload(void) {
     fclose(f);
     g_scenario_st = st;
     g_loaded = 1;
+    events_after_reload();
 }
 
 static void trace(int fn, int idx) {
@@ -421,7 +433,7 @@ EXPORT nvmlReturn_t nvmlInit(void) { return do_init(FN_nvmlInit); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     SYS_ENTER(nvmlShutdown);
-    g_init_refs--;
+    if (--g_init_refs == 0) events_on_shutdown();
     return leave(NVML_SUCCESS);
 }
 
@@ -869,3 +881,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, n
     (void)plist;
     return leave(NVML_ERROR_NOT_SUPPORTED);
 }
+
+/* ---- event sets (XID) ---- */
+#include "fake_events.c"
