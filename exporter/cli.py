@@ -138,6 +138,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
     Flag("collector.gpu", True, _bool, "Enable the GPU collector.", boolean=True),
+    Flag("collector.health", True, _bool, "Enable the GPU health collector (ECC, retired pages, remapped rows, recovery action).", boolean=True),
+    Flag("collector.xid", True, _bool, "Enable the XID error event collector (one NVML event thread).", boolean=True),
+    Flag("collector.nvlink", True, _bool, "Enable the NVLink collector (inactive on GPUs without links).", boolean=True),
     Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
     Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
     Flag("log.format", "logfmt", _choice(("logfmt", "json")), "Log format: logfmt or json."),
@@ -157,6 +160,9 @@ class Config:
     collect_cache_ttl: float
     collect_timeout: float
     collector_gpu: bool
+    collector_health: bool
+    collector_xid: bool
+    collector_nvlink: bool
     collector_host: bool
     log_level: str
     log_format: str
@@ -262,6 +268,9 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
             gpu_backend=config.gpu_backend,
             collect_gpu=config.collector_gpu,
             collect_host=config.collector_host,
+            collect_health=config.collector_health,
+            collect_nvlink=config.collector_nvlink,
+            collect_xid=config.collector_xid,
             logger=log,
         )
     except BackendError as exc:

@@ -13,8 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from . import health_collector
 from .monitor import ResourceMonitor
-from .samples import THROTTLE_REASONS, CollectorStatus, GpuSample, HostSample, Snapshot
+from .samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 from .version import __version__
 
 GPU_LABELS = ["gpu", "uuid"]
@@ -76,6 +77,7 @@ FAMILIES: dict[str, str] = {
     "resmon_gpu_clock_hertz": "gauge",
     "resmon_gpu_clock_max_hertz": "gauge",
     "resmon_gpu_throttle_active": "gauge",
+    **health_collector.FAMILIES,
     "resmon_cpu_utilization_ratio": "gauge",
     "resmon_cpu_seconds_total": "counter",
     "resmon_cpu_logical_cores": "gauge",
@@ -170,6 +172,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     yield clock
     yield clock_max
     yield throttle
+    yield from health_collector.families(reading)
 
     backend = GaugeMetricFamily(
         "resmon_gpu_backend_info", "The GPU backend in use, value 1.", labels=["backend"]
@@ -218,6 +221,7 @@ def exporter_families(snap: Snapshot) -> Iterator[Metric]:
     statuses: list[tuple[str, CollectorStatus]] = []
     if snap.gpu_status is not None:
         statuses.append(("gpu", snap.gpu_status))
+        statuses += _gpu_part_statuses(snap.gpu, snap.gpu_status)
     if snap.host_status is not None:
         statuses.append(("host", snap.host_status))
     success = GaugeMetricFamily(
@@ -239,6 +243,18 @@ def exporter_families(snap: Snapshot) -> Iterator[Metric]:
     yield success
     yield duration
     yield stamp
+
+
+def _gpu_part_statuses(reading: GpuReading | None, gpu: CollectorStatus) -> list[tuple[str, CollectorStatus]]:
+    """The collectors read along with the GPUs: their status follows the GPU read's (a read
+    that failed or timed out fails them too) and their own part of it."""
+    if reading is None:
+        return []
+    out = [(p.name, CollectorStatus(gpu.success and p.success, p.duration_seconds, gpu.timestamp_seconds)) for p in reading.parts]
+    xid = reading.xid
+    if xid is not None and (xid.watched or not xid.healthy):  # inactive where no GPU can report XIDs
+        out.append(("xid", CollectorStatus(xid.healthy, xid.duration_seconds, gpu.timestamp_seconds)))
+    return out
 
 
 def snapshot_families(snap: Snapshot) -> Iterator[Metric]:

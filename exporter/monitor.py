@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .backends import GpuBackend, make_backend
+from .backends import GpuBackend, GpuOptions, make_backend
 from .host import HostReader
 from .logs import LOGGER_NAME, fields
 from .samples import CollectorStatus, GpuReading, HostSample, Snapshot
@@ -178,7 +178,8 @@ class ResourceMonitor:
 
     memory_threshold and cpu_threshold (percent) keep the Mai assistant's
     is_system_overloaded() working; the keyword arguments match the CLI flags. backend: a
-    GpuBackend object to use instead of gpu_backend. Use it as a context manager, or call
+    GpuBackend object to use instead of gpu_backend. collect_health / collect_nvlink /
+    collect_xid: the collectors read along with the GPUs (NVML only). Use it as a context manager, or call
     close(), to stop its thread and release NVML.
     """
 
@@ -194,6 +195,9 @@ class ResourceMonitor:
         collect_host: bool = True,
         logger: logging.Logger | None = None,
         backend: GpuBackend | None = None,
+        collect_health: bool = True,
+        collect_nvlink: bool = True,
+        collect_xid: bool = True,
     ) -> None:
         self.memory_threshold = memory_threshold
         self.cpu_threshold = cpu_threshold
@@ -201,7 +205,8 @@ class ResourceMonitor:
         self._timeout = collect_timeout
         self._log = logger or logging.getLogger(LOGGER_NAME)
         if collect_gpu and backend is None:
-            backend = make_backend(gpu_backend, self._log, collect_timeout)
+            options = GpuOptions(health=collect_health, nvlink=collect_nvlink, xid=collect_xid)
+            backend = make_backend(gpu_backend, self._log, collect_timeout, options)
         self._backend: GpuBackend | None = backend if collect_gpu else None
         self._reader = _GpuReader(self._backend, self._log) if self._backend is not None else None
         self._host = HostReader() if collect_host else None

@@ -98,6 +98,49 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
 
 
+def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:
+    """A query of the driver's sample buffers (nvmlDeviceGetSamples): NOT_FOUND means
+    "nothing newer than the timestamp you gave", which is an empty answer (), not an
+    unsupported value (None). Otherwise as call()."""
+
+    def attempt() -> T | tuple[()]:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                return ()
+            raise
+
+    return call(attempt)  # every other failure classified the one usual way
+
+
+def entry_ok(code: int) -> bool:
+    """The per-entry status of a batched query (nvmlFieldValue_t.nvmlReturn, GPM metrics):
+    anything but SUCCESS leaves that one value out; the value is undefined then."""
+    return code == pynvml.NVML_SUCCESS
+
+
+class Fallback:
+    """A query with older alternatives: the first call the driver has is kept for good,
+    and a query the driver lacks altogether is no longer made (its value stays absent)."""
+
+    def __init__(self, *candidates: Callable[..., Any] | None) -> None:
+        self._candidates = [c for c in candidates if c is not None]
+
+    @property
+    def available(self) -> bool:
+        """False once the driver has been found to lack every candidate."""
+        return bool(self._candidates)
+
+    def __call__(self, *args: Any) -> Any:
+        while self._candidates:
+            try:
+                return call(self._candidates[0], *args)
+            except Missing:
+                self._candidates.pop(0)
+        return None
+
+
 def field(fn: Callable[..., T], *args: Any) -> T | None:
     """An identity field (UUID, name, PCI info): each is tolerant of its own failure, so a
     device that is lost for metrics but still enumerated keeps its identity. None when the

@@ -25,6 +25,21 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
     ("display_clock_setting", 0x100),
 )
 
+# Engines of resmon_gpu_busy_seconds_total, in nvmlDeviceGetSamples order.
+BUSY_ENGINES: tuple[str, ...] = ("gpu", "memory", "encoder", "decoder")
+
+# Reasons of resmon_gpu_clock_event_seconds_total.
+CLOCK_EVENT_REASONS: tuple[str, ...] = (
+    "sw_power_cap",
+    "sync_boost",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "board_limit",
+    "low_utilization",
+    "reliability",
+)
+
 CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -37,6 +52,30 @@ class GpuIdentity:
     name: str = ""
     pci_bus_id: str = ""
     clock_max_hertz: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """The health collector's values for one device; empty or None where unsupported."""
+
+    ecc_enabled: tuple[tuple[str, int], ...] = ()  # (mode: current|pending, 0/1)
+    ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (type: corrected|uncorrected, scope: volatile|aggregate, n)
+    retired_pages: tuple[tuple[str, int], ...] = ()  # (cause: multiple_single_bit|double_bit, pages)
+    retired_pages_pending: int | None = None
+    remapped_rows: tuple[tuple[str, int], ...] = ()  # (cause: correctable|uncorrectable, rows)
+    row_remap_pending: int | None = None
+    row_remap_failed: int | None = None
+    recovery_action: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkSample:
+    """One NVLink of one device."""
+
+    link: int
+    active: int | None = None
+    bytes: tuple[tuple[str, int], ...] = ()  # (direction: transmit|receive, bytes since driver load)
+    errors: tuple[tuple[str, int], ...] = ()  # (type: replay|recovery|crc_flit|crc_data, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +99,18 @@ class GpuSample:
     performance_state: int | None = None
     throttle_reasons: int | None = None  # bitmask of THROTTLE_REASONS
     processes: int | None = None  # distinct PIDs in the compute and graphics lists
+    # v2 additions of the gpu collector
+    memory_temperature_celsius: float | None = None
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    busy_seconds: tuple[tuple[str, float], ...] = ()  # (engine, seconds busy, integrated)
+    clock_event_seconds: tuple[tuple[str, float], ...] = ()  # (reason, seconds since driver load)
+    pcie_link_generation: tuple[tuple[str, int], ...] = ()  # (bound: current|max, generation)
+    pcie_link_width_lanes: tuple[tuple[str, int], ...] = ()  # (bound, lanes)
+    pcie_replays: int | None = None
+    pcie_bytes: tuple[tuple[str, int], ...] = ()  # (direction: transmit|receive, bytes)
+    health: GpuHealth | None = None  # None: the health collector is off
+    nvlinks: tuple[NvLinkSample, ...] = ()  # empty: no links, or the nvlink collector is off
 
 
 def in_order(samples: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
@@ -92,6 +143,15 @@ class XidState:
 
 
 @dataclass(frozen=True, slots=True)
+class PartStatus:
+    """A collector whose values come with the GPU read (health, nvlink)."""
+
+    name: str
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """What the GPU backend reported in one refresh."""
 
@@ -103,6 +163,10 @@ class GpuReading:
     # "v1" when the driver lacks nvmlDeviceGetMemoryInfo_v2: memory used then includes
     # driver-reserved memory, and the family's HELP says so
     memory_api: str = "v2"
+    # Collectors read along with the GPUs (health, nvlink) that are active in this reading,
+    # with how their part of the read went; absent ones serve no status series.
+    parts: tuple["PartStatus", ...] = ()
+    xid: XidState | None = None  # None: the xid collector is off or this backend has no events
 
     def down(self) -> "GpuReading":
         """This reading failed: the same devices, every one down (not vanished)."""

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
 from ..samples import GpuReading
 
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "gpu-tracker", "none")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid)."""
+
+    health: bool = True
+    nvlink: bool = True
+    xid: bool = True
 
 
 class BackendError(Exception):
@@ -51,7 +61,9 @@ class NoGpuBackend:
         pass
 
 
-def make_backend(choice: str, log: logging.Logger, timeout: float = 5.0) -> GpuBackend:
+def make_backend(
+    choice: str, log: logging.Logger, timeout: float = 5.0, options: GpuOptions | None = None
+) -> GpuBackend:
     """Build the backend for --gpu.backend. An explicit choice that cannot work now raises
     BackendError (a startup error); auto never does."""
     if choice == "none":
@@ -59,11 +71,11 @@ def make_backend(choice: str, log: logging.Logger, timeout: float = 5.0) -> GpuB
     if choice == "auto":
         from .auto import AutoBackend  # imports pynvml; gpu-tracker only if it is ever needed
 
-        return AutoBackend(log, timeout)
+        return AutoBackend(log, timeout, options)
     if choice == "nvml":
         from .nvml import NvmlBackend
 
-        backend = NvmlBackend(log, explicit=True)
+        backend = NvmlBackend(log, explicit=True, options=options)
         if not bounded(backend.try_init, timeout, "--gpu.backend=nvml: nvmlInit"):
             raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
         return backend

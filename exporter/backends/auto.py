@@ -13,7 +13,7 @@ import time
 
 from ..logs import fields
 from ..samples import GpuReading
-from . import NoGpuBackend
+from . import GpuOptions, NoGpuBackend
 from .gpu_tracker import GpuTrackerBackend, detect_vendor, extra_installed
 from .nvml import NvmlBackend
 
@@ -21,10 +21,10 @@ _CLI_RETRY_MIN, _CLI_RETRY_MAX = 30.0, 600.0
 
 
 class AutoBackend:
-    def __init__(self, log: logging.Logger, timeout: float) -> None:
+    def __init__(self, log: logging.Logger, timeout: float, options: GpuOptions | None = None) -> None:
         self._log = log
         self._timeout = timeout
-        self._nvml = NvmlBackend(log)
+        self._nvml = NvmlBackend(log, options=options)
         self._nvml_final = False
         self._fallback: GpuTrackerBackend | NoGpuBackend | None = None
         self._cli_retry_at = 0.0

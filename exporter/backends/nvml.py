@@ -23,38 +23,40 @@ import pynvml
 
 from .. import nvml_errors
 from ..logs import fields
-from ..nvml_errors import BackendDown, DeviceDown, Missing, Undecodable
-from ..samples import CLOCK_TYPES, GpuIdentity, GpuReading, GpuSample, all_down, in_order
+from ..nvml_errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
+from ..samples import (
+    BUSY_ENGINES,
+    CLOCK_TYPES,
+    GpuIdentity,
+    GpuReading,
+    GpuSample,
+    PartStatus,
+    all_down,
+    in_order,
+)
+from . import GpuOptions, nvml_fields
+from .nvml_busy import BusyIntegrator
+from .nvml_health import HealthReader
+from .nvml_xid import XidWatcher
 
 _U32_NA = 0xFFFFFFFF
 _U64_NA = 0xFFFFFFFFFFFFFFFF
+_SAMPLE_TYPES = dict(zip(BUSY_ENGINES, (1, 2, 3, 4)))  # nvmlSamplingType_t: GPU, MEMORY, ENC, DEC
+_SAMPLE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# Field values read in every device's one batch (the health and nvlink ones are added when on).
+_GPU_FIELDS: tuple[nvml_fields.Request, ...] = (
+    (nvml_fields.MEMORY_TEMP, 0),
+    *((fid, 0) for _, fid, _ in nvml_fields.CLOCK_EVENT_FIELDS),
+    (nvml_fields.PCIE_COUNT_TX_BYTES, 0),
+    (nvml_fields.PCIE_COUNT_RX_BYTES, 0),
+)
+_XID_STOP_TIMEOUT = 1.5  # seconds; the watcher's wait is at most 0.5 s
 _CLOCK_IDS = {
     "graphics": pynvml.NVML_CLOCK_GRAPHICS,
     "sm": pynvml.NVML_CLOCK_SM,
     "memory": pynvml.NVML_CLOCK_MEM,
     "video": pynvml.NVML_CLOCK_VIDEO,
 }
-
-
-class _Fallback:
-    """A query with older alternatives: the first call the driver has is kept for good,
-    and a query the driver lacks altogether is no longer made (its value stays absent)."""
-
-    def __init__(self, *candidates: Callable[..., Any] | None) -> None:
-        self._candidates = [c for c in candidates if c is not None]
-
-    @property
-    def available(self) -> bool:
-        """False once the driver has been found to lack every candidate."""
-        return bool(self._candidates)
-
-    def __call__(self, *args: Any) -> Any:
-        while self._candidates:
-            try:
-                return nvml_errors.call(self._candidates[0], *args)
-            except Missing:
-                self._candidates.pop(0)
-        return None
 
 
 def _optional(name: str) -> Callable[..., Any] | None:
@@ -97,6 +99,10 @@ def _u32(value: int | None) -> int | None:
     return None if value is None or value == _U32_NA else value
 
 
+def _pair(label: str, value: int | None) -> tuple[str, int] | None:
+    return None if value is None else (label, int(value))
+
+
 def _mhz_to_hertz(value: int | None) -> float | None:
     value = _u32(value)
     return None if value is None else value * 1e6
@@ -111,8 +117,10 @@ class NvmlBackend:
         explicit: bool = False,
         min_backoff: float = 1.0,
         max_backoff: float = 30.0,
+        options: GpuOptions | None = None,
     ) -> None:
         self._log = log
+        self._options = options or GpuOptions()
         self._explicit = explicit
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -158,6 +166,26 @@ class NvmlBackend:
         self._clock = _Fallback(pynvml.nvmlDeviceGetClockInfo)
         self._max_clock = _Fallback(pynvml.nvmlDeviceGetMaxClockInfo)
         self._pstate = _Fallback(pynvml.nvmlDeviceGetPerformanceState)
+        # v2: gpu additions, health, nvlink, xid
+        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"))
+        self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))
+        self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization)
+        self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization)
+        self._pcie_gen = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
+        self._pcie_gen_max = _Fallback(
+            _optional("nvmlDeviceGetGpuMaxPcieLinkGeneration"), pynvml.nvmlDeviceGetMaxPcieLinkGeneration
+        )
+        self._pcie_width = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkWidth)
+        self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth)
+        self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter)
+        self._samples_missing = _optional("nvmlDeviceGetSamples") is None
+        self._busy = BusyIntegrator()
+        self._health = HealthReader()  # also the "not supported on this board" memo
+        self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
+        self._xid = XidWatcher(log) if self._options.xid else None
+        self._watched: dict[str, Any] = {}  # uuid -> handle of the devices that answered in this read
+        self._part_seconds = {"health": 0.0, "nvlink": 0.0}
+        self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -182,6 +210,9 @@ class NvmlBackend:
         self._handles.clear()
         self._complete.clear()
         self._count = -1
+        self._busy.reset()  # the driver's sample clock may have restarted
+        self._health.forget()
+        self._pcie_max.clear()
         try:
             self._driver_version = _text(nvml_errors.field(pynvml.nvmlSystemGetDriverVersion))
         except BackendDown:
@@ -229,6 +260,11 @@ class NvmlBackend:
     def _shutdown(self) -> None:
         if self._initialised:
             self._initialised = False
+            # the watcher's event set belongs to this init: stop it first, and leave NVML
+            # alone if it is still inside a call (shutting down under it can crash)
+            if self._xid is not None and not self._xid.stop(_XID_STOP_TIMEOUT):
+                self._log.warning("XID watcher still inside NVML; not shutting NVML down")
+                return
             try:
                 pynvml.nvmlShutdown()
             except Exception:  # the library is already gone or never answered: nothing to release
@@ -242,6 +278,8 @@ class NvmlBackend:
     def read(self) -> GpuReading:
         if not self.try_init():
             return self._unavailable()
+        self._part_seconds = dict.fromkeys(self._part_seconds, 0.0)
+        self._watched = {}
         try:
             count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
             if count != self._count:  # re-enumerated: an index may now be another device
@@ -268,6 +306,8 @@ class NvmlBackend:
                 continue  # same labels as an enumerated device (no UUID to tell them apart)
             samples.append(self._down(key, None))
         self._backoff = self._min_backoff  # a read that worked: the next loss retries soon again
+        if self._xid is not None:
+            self._xid.watch(self._watched)
         return GpuReading(
             backend="nvml",
             success=True,
@@ -275,7 +315,17 @@ class NvmlBackend:
             driver_version=self._driver_version,
             devices=in_order(samples),
             memory_api=self.memory_api,
+            parts=self._parts(True),
+            xid=self._xid.state() if self._xid is not None else None,
         )
+
+    def _parts(self, success: bool) -> tuple[PartStatus, ...]:
+        parts = []
+        if self._options.health:
+            parts.append(PartStatus("health", success, self._part_seconds["health"]))
+        if self._options.nvlink and self._has_links:
+            parts.append(PartStatus("nvlink", success, self._part_seconds["nvlink"]))
+        return tuple(parts)
 
     def _unavailable(self) -> GpuReading:
         """No NVML right now. Before it ever worked (auto mode) the host simply has no GPU
@@ -287,6 +337,8 @@ class NvmlBackend:
             driver_version=self._driver_version,
             devices=all_down(self._identities.values()),
             memory_api=self.memory_api,
+            parts=self._parts(False) if failing else (),
+            xid=self._xid.state() if self._xid is not None and failing else None,
         )
 
     def _down(self, key: str, err: DeviceDown | None) -> GpuSample:
@@ -313,13 +365,15 @@ class NvmlBackend:
             self._handles[index] = handle
         key = self._identify(index, handle)
         try:
-            sample = self._read_values(self._identities[key], handle)
+            sample = self._read_values(key, self._identities[key], handle)
         except DeviceDown as err:
             self._handles.pop(index, None)
             return key, self._down(key, err)
         if not self._up.get(key, True):
             self._log.info("GPU answering again", extra=fields(gpu=index, uuid=sample.identity.uuid))
         self._up[key] = True
+        if sample.identity.uuid:
+            self._watched[sample.identity.uuid] = handle
         return key, sample
 
     def _identify(self, index: int, handle: Any) -> str:
@@ -399,7 +453,7 @@ class NvmlBackend:
             self.memory_api = "v1"  # this driver has no v2: used then includes reserved memory
         return self._memory_v1(handle)
 
-    def _read_values(self, identity: GpuIdentity, handle: Any) -> GpuSample:
+    def _read_values(self, key: str, identity: GpuIdentity, handle: Any) -> GpuSample:
         total = used = free = reserved = None
         memory = self._memory(handle)
         if memory is not None and memory.total:  # total 0: unified-memory part, no VRAM figures
@@ -438,7 +492,103 @@ class NvmlBackend:
             performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             throttle_reasons=reasons if reasons is not None and reasons != _U64_NA else None,
             processes=self._process_count(handle),
+            **self._read_v2(key, handle),
         )
+
+    # -- v2: gpu additions, health, nvlink ----------------------------------------------
+
+    def _read_v2(self, key: str, handle: Any) -> dict[str, Any]:
+        """The v2 values of one device, from one field-value batch plus the plain calls."""
+        requests = list(_GPU_FIELDS)
+        if self._options.health:
+            requests.append((nvml_fields.GPU_RECOVERY_ACTION, 0))
+        links = 0
+        if self._options.nvlink:
+            clock = time.perf_counter()
+            links = self._health.link_count(key, handle, lambda r: nvml_fields.read(handle, r, self._fields))
+            self._part_seconds["nvlink"] += time.perf_counter() - clock
+            requests += self._health.link_requests(links)
+            self._has_links = self._has_links or links > 0
+        fields = nvml_fields.read(handle, requests, self._fields) or {}
+        memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
+        out: dict[str, Any] = {
+            "memory_temperature_celsius": float(memory_temperature) if memory_temperature is not None else None,
+            "encoder_utilization_ratio": self._engine_ratio(self._encoder(handle)),
+            "decoder_utilization_ratio": self._engine_ratio(self._decoder(handle)),
+            "busy_seconds": self._busy_seconds(key, handle),
+            "clock_event_seconds": self._clock_events(key, handle, fields),
+            "pcie_bytes": tuple(
+                (direction, int(value))
+                for direction, fid in (("transmit", nvml_fields.PCIE_COUNT_TX_BYTES), ("receive", nvml_fields.PCIE_COUNT_RX_BYTES))
+                if (value := fields.get((fid, 0))) is not None and value >= 0
+            ),
+            **self._pcie(key, handle),
+        }
+        if self._options.health:
+            clock = time.perf_counter()
+            out["health"] = self._health.health(key, handle, fields)
+            self._part_seconds["health"] += time.perf_counter() - clock
+        if links:
+            clock = time.perf_counter()
+            out["nvlinks"] = self._health.nvlinks(key, handle, links, fields)
+            self._part_seconds["nvlink"] += time.perf_counter() - clock
+        return out
+
+    @staticmethod
+    def _engine_ratio(answer: Any) -> float | None:
+        if answer is None:
+            return None
+        return _ratio_from_percent(int(answer[0]))  # [percent, sampling period µs]
+
+    def _clock_events(self, key: str, handle: Any, fields: nvml_fields.Values) -> tuple[tuple[str, float], ...]:
+        out = []
+        for reason, fid, policy in nvml_fields.CLOCK_EVENT_FIELDS:
+            value = fields.get((fid, 0))
+            if value is None and policy is not None:  # a driver before the field ids
+                answer = self._health.ask(key, f"violation.{policy}", self._violation, handle, policy)
+                value = int(answer.violationTime) if answer is not None else None
+            if value is not None and 0 <= value < _U64_NA:
+                out.append((reason, value / nvml_fields.CLOCK_EVENT_UNITS_PER_SECOND))
+        return tuple(out)
+
+    def _pcie(self, key: str, handle: Any) -> dict[str, Any]:
+        if key not in self._pcie_max:  # the board's maxima do not change: once per init
+            self._pcie_max[key] = (
+                _pair("max", _u32(self._pcie_gen_max(handle))),
+                _pair("max", _u32(self._pcie_width_max(handle))),
+            )
+        gen_max, width_max = self._pcie_max[key]
+        gen = _pair("current", _u32(self._pcie_gen(handle)))
+        width = _pair("current", _u32(self._pcie_width(handle)))
+        replays = _u32(self._pcie_replays(handle))
+        return {
+            "pcie_link_generation": tuple(p for p in (gen, gen_max) if p is not None),
+            "pcie_link_width_lanes": tuple(p for p in (width, width_max) if p is not None),
+            "pcie_replays": replays,
+        }
+
+    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[str, float], ...]:
+        out = []
+        for engine, sampling_type in _SAMPLE_TYPES.items():
+            if self._samples_missing:
+                break
+            try:
+                answer = self._health.ask(
+                    key, f"samples.{engine}", nvml_errors.newer,
+                    pynvml.nvmlDeviceGetSamples, handle, sampling_type, self._busy.last_seen(key, engine),
+                )
+            except Missing:
+                self._samples_missing = True
+                break
+            if answer is None:  # NOT_SUPPORTED (MIG mode, or this engine): absent
+                continue
+            samples: list[tuple[int, float]] = []
+            if answer:
+                value_type, entries = answer
+                member = _SAMPLE_MEMBERS.get(int(value_type), "uiVal")
+                samples = [(int(e.timeStamp), float(getattr(e.sampleValue, member))) for e in entries]
+            out.append((engine, self._busy.add(key, engine, samples)))
+        return tuple(out)
 
     def _process_count(self, handle: Any) -> int | None:
         compute = self._compute_procs(handle)

@@ -1,0 +1,106 @@
+"""nvmlDeviceGetFieldValues: one batch per device per refresh, every entry checked on its own.
+
+The call succeeds when any entry was filled; an entry whose own nvmlReturn is not SUCCESS
+(a field this driver does not know, NOT_SUPPORTED on this board) has an undefined value and
+is left out, never read as 0 (DCGM #311: memory temperature 0 on an L4).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterable
+
+import pynvml
+
+from .. import nvml_errors
+
+# Field ids (nvml.h, NVML_FI_DEV_*); pynvml lacks some constants on older bindings.
+MEMORY_TEMP = 82
+NVLINK_LINK_COUNT = 91
+NVLINK_THROUGHPUT_DATA_TX = 138
+NVLINK_THROUGHPUT_DATA_RX = 139
+PCIE_COUNT_TX_BYTES = 197
+PCIE_COUNT_RX_BYTES = 198
+GPU_RECOVERY_ACTION = 230
+# reason -> (field id, nvmlPerfPolicyType_t of the nvmlDeviceGetViolationStatus fallback)
+CLOCK_EVENT_FIELDS: tuple[tuple[str, int, int | None], ...] = (
+    ("sw_power_cap", 74, 0),
+    ("sync_boost", 76, 2),
+    ("sw_thermal_slowdown", 269, 1),
+    ("hw_thermal_slowdown", 270, None),
+    ("hw_power_brake_slowdown", 271, None),
+    ("board_limit", 77, 3),
+    ("low_utilization", 78, 4),
+    ("reliability", 79, 5),
+)
+# The header says nanoseconds for the clock-event fields and violationTime; nvidia-smi
+# prints microseconds after converting. One named constant, so a hardware check that
+# proves otherwise changes one line.
+CLOCK_EVENT_UNITS_PER_SECOND = 1e9
+ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every link
+
+_U32_NA = 0xFFFFFFFF
+_U64_NA = 0xFFFFFFFFFFFFFFFF
+# nvmlValueType_t -> union member
+_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_DOUBLE = 0
+
+Request = tuple[int, int]  # (field id, scope id)
+Values = dict[Request, float | int]
+
+
+def _raw_u64(value: Any) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value.dVal))[0]
+
+
+def decode(entry: Any) -> float | int | None:
+    """The value of one nvmlFieldValue_t by its valueType, or None when its own return says
+    it has none. A DOUBLE whose upper 32 bits are 0 is an integer the driver mislabelled
+    (r545 wrote memory temperature as uiVal but said DOUBLE, nvbug 4300930): as a double it
+    would be a denormal, never a real reading."""
+    if not nvml_errors.entry_ok(entry.nvmlReturn):
+        return None
+    member = _MEMBERS.get(int(entry.valueType))
+    if member is None:
+        return None
+    if int(entry.valueType) == _DOUBLE:
+        raw = _raw_u64(entry.value)
+        if raw >> 32 == 0:
+            return raw
+        number = float(entry.value.dVal)
+        return number if number == number and abs(number) != float("inf") else None
+    value = int(getattr(entry.value, member))
+    if value in (_U32_NA, _U64_NA):  # "not available" sentinels
+        return None
+    return value
+
+
+def read(handle: Any, requests: Iterable[Request], call: Any) -> Values | None:
+    """One batch; {(id, scope): value} for the entries that answered, None when the call
+    as a whole is not available (driver without field values). call: the backend's
+    Fallback for nvmlDeviceGetFieldValues (DeviceDown propagates: the device is down)."""
+    wanted = list(requests)
+    if not wanted:
+        return {}
+    entries = call(handle, wanted)
+    if entries is None:
+        return None
+    out: Values = {}
+    for entry in entries:
+        value = decode(entry)
+        if value is not None:
+            out[(int(entry.fieldId), int(entry.scopeId))] = value
+    return out
+
+
+def in_range(value: float | int | None, low: float, high: float) -> float | int | None:
+    """Range check on top of the type: a driver branch that writes garbage must not become
+    a plausible-looking series."""
+    if value is None or not low <= value <= high:
+        return None
+    return value
+
+
+def field_values_call() -> Any:
+    """The batched call, by reference to the pynvml wrapper (it marshals (id, scope) pairs)."""
+    return pynvml.nvmlDeviceGetFieldValues

@@ -1,0 +1,139 @@
+"""The health and nvlink collectors' NVML reads: ECC, retired pages, remapped rows, NVLink.
+
+Which generation answers what (shared/reference/nvml-extended.md §2, §4c): ECC on
+datacenter and pro boards only; page retirement Kepler..Turing, row remapping Ampere and
+newer (each answers NOT_SUPPORTED where the other applies); NVLink where links exist. A
+query that answers NOT_SUPPORTED is an absent value, never 0, and is not asked again until
+the next nvmlInit (the answer is a property of the board and driver).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pynvml
+
+from ..nvml_errors import DeviceDown, Fallback
+from ..samples import GpuHealth, NvLinkSample
+from . import nvml_fields
+
+_ECC_TYPES = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
+_ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
+_RETIREMENT_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # nvmlPageRetirementCause_t
+_NVLINK_ERRORS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # nvmlNvLinkErrorCounter_t
+_RECOVERY_ACTION_MAX = 255  # enum values 0..7 today; anything larger is garbage
+MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS of the 13.x header: only the probing fallback uses it
+
+
+def _flag(value: Any) -> int | None:
+    return None if value is None else (1 if int(value) else 0)
+
+
+class HealthReader:
+    """Reads one device's health values. Remembers per device key which queries the board
+    does not support, so an H100 is not asked for retired pages on every refresh."""
+
+    def __init__(self) -> None:
+        self._ecc_mode = Fallback(pynvml.nvmlDeviceGetEccMode)
+        self._ecc_errors = Fallback(pynvml.nvmlDeviceGetTotalEccErrors)
+        self._retired = Fallback(pynvml.nvmlDeviceGetRetiredPages)
+        self._retired_pending = Fallback(pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
+        self._remapped = Fallback(pynvml.nvmlDeviceGetRemappedRows)
+        self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState)
+        self._link_errors = Fallback(pynvml.nvmlDeviceGetNvLinkErrorCounter)
+        self._unsupported: set[tuple[str, str]] = set()  # (device key, query)
+        self._links: dict[str, int] = {}  # device key -> link count, read once per init
+
+    def forget(self) -> None:
+        """After nvmlInit (a new driver may answer differently)."""
+        self._unsupported.clear()
+        self._links.clear()
+
+    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args), unless this device answered NOT_SUPPORTED to `what` since the last init."""
+        if (key, what) in self._unsupported:
+            return None
+        value = fn(*args)
+        if value is None:
+            self._unsupported.add((key, what))
+        return value
+
+    def health(self, key: str, handle: Any, fields: nvml_fields.Values) -> GpuHealth:
+        ecc_enabled: list[tuple[str, int]] = []
+        ecc_errors: list[tuple[str, str, int]] = []
+        mode = self.ask(key, "ecc_mode", self._ecc_mode, handle)
+        if mode is not None:
+            current, pending = (_flag(m) for m in mode)
+            ecc_enabled = [(m, v) for m, v in (("current", current), ("pending", pending)) if v is not None]
+            if current:  # the counters need ECC on (they answer NOT_SUPPORTED otherwise)
+                for type_name, type_id in _ECC_TYPES:
+                    for scope_name, scope_id in _ECC_SCOPES:
+                        count = self.ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id)
+                        if count is not None and count != nvml_fields._U64_NA:
+                            ecc_errors.append((type_name, scope_name, int(count)))
+        retired: list[tuple[str, int]] = []
+        for cause, cause_id in _RETIREMENT_CAUSES:
+            pages = self.ask(key, f"retired.{cause_id}", self._retired, handle, cause_id)
+            if pages is not None:
+                retired.append((cause, len(pages)))
+        pending_pages = _flag(self.ask(key, "retired_pending", self._retired_pending, handle)) if retired else None
+        remapped: list[tuple[str, int]] = []
+        remap_pending = remap_failed = None
+        rows = self.ask(key, "remapped", self._remapped, handle)
+        if rows is not None:
+            corrected, uncorrected, is_pending, failed = rows
+            remapped = [("correctable", int(corrected)), ("uncorrectable", int(uncorrected))]
+            remap_pending, remap_failed = _flag(is_pending), _flag(failed)
+        action = nvml_fields.in_range(fields.get((nvml_fields.GPU_RECOVERY_ACTION, 0)), 0, _RECOVERY_ACTION_MAX)
+        return GpuHealth(
+            ecc_enabled=tuple(ecc_enabled),
+            ecc_errors=tuple(ecc_errors),
+            retired_pages=tuple(retired),
+            retired_pages_pending=pending_pages,
+            remapped_rows=tuple(remapped),
+            row_remap_pending=remap_pending,
+            row_remap_failed=remap_failed,
+            recovery_action=int(action) if action is not None else None,
+        )
+
+    # -- NVLink -------------------------------------------------------------------------
+
+    def link_count(self, key: str, handle: Any, read_fields: Callable[[list[nvml_fields.Request]], nvml_fields.Values | None]) -> int:
+        """Links the device has: field 91 once per init (cheaper than probing 36 links),
+        else probing nvmlDeviceGetNvLinkState until a link index is refused."""
+        if key in self._links:
+            return self._links[key]
+        answered = read_fields([(nvml_fields.NVLINK_LINK_COUNT, 0)])
+        count = nvml_fields.in_range((answered or {}).get((nvml_fields.NVLINK_LINK_COUNT, 0)), 0, MAX_NVLINKS)
+        if count is None:
+            count = 0
+            for link in range(MAX_NVLINKS):
+                try:
+                    if self._link_state(handle, link) is None:
+                        break
+                except DeviceDown:  # INVALID_ARGUMENT: past the last link
+                    break
+                count += 1
+        self._links[key] = int(count)
+        return int(count)
+
+    def link_requests(self, count: int) -> list[nvml_fields.Request]:
+        return [(fid, link) for link in range(count) for fid in (nvml_fields.NVLINK_THROUGHPUT_DATA_TX, nvml_fields.NVLINK_THROUGHPUT_DATA_RX)]
+
+    def nvlinks(self, key: str, handle: Any, count: int, fields: nvml_fields.Values) -> tuple[NvLinkSample, ...]:
+        links = []
+        for link in range(count):
+            state = self._link_state(handle, link)
+            moved = []
+            for direction, fid in (("transmit", nvml_fields.NVLINK_THROUGHPUT_DATA_TX), ("receive", nvml_fields.NVLINK_THROUGHPUT_DATA_RX)):
+                kib = fields.get((fid, link))
+                if kib is not None and kib >= 0:
+                    moved.append((direction, int(kib) * 1024))  # the header says KiB
+            errors = []
+            for name, counter in _NVLINK_ERRORS:
+                value = self.ask(key, f"nvlink_errors.{counter}", self._link_errors, handle, link, counter)
+                if value is not None and value != nvml_fields._U64_NA:
+                    errors.append((name, int(value)))
+            links.append(NvLinkSample(link=link, active=_flag(state), bytes=tuple(moved), errors=tuple(errors)))
+        return tuple(links)
+
