@@ -1,25 +1,252 @@
-"""XID event watcher (stub: the interface the NVML backend is wired to; the body follows)."""
+"""XID events: the exporter's one background thread.
+
+XIDs are events, not values: NVML queues them on an event set and hands them out one per
+nvmlEventSetWait_v2 call, which blocks. So one daemon thread owns an event set registered for
+nvmlEventTypeXidCriticalError alone on every GPU that supports it, waits at most wait_ms per
+call and counts what arrives per (UUID, code). Everything else in the exporter stays on the
+scrape path; the backend only hands over the devices it enumerated (watch()) and stops the
+thread before every nvmlShutdown (stop()), since a set must not outlive the init that made it.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import threading
+import time
 from typing import Any, Mapping
 
-from exporter.samples import XidState
+import pynvml
+
+from exporter.logs import fields
+from exporter.nvml_errors import BackendDown, DeviceDown, Missing, call, describe
+from exporter.samples import XidCount, XidState
+
+XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
+THREAD_NAME = "resmon-xid"
+_TIMEOUT = object()  # a wait that saw nothing; call() would report TIMEOUT as a device fault
+
+
+def _pointer(handle: Any) -> int | None:
+    """Handle identity: pynvml's POINTER objects never compare equal, their addresses do."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _wait(event_set: Any, wait_ms: int) -> Any:
+    try:
+        return pynvml.nvmlEventSetWait_v2(event_set, wait_ms)
+    except pynvml.NVMLError_Timeout:
+        return _TIMEOUT
+
+
+def _register(handle: Any, event_set: Any) -> bool:
+    pynvml.nvmlDeviceRegisterEvents(handle, XID_EVENT, event_set)
+    return True  # call() answers None for NOT_SUPPORTED, so success needs a value of its own
+
+
+class _Failed(Exception):
+    """A failure that calls for a rebuild; mode names it for warn-once."""
+
+    def __init__(self, mode: str, err: Exception, library_lost: bool = False) -> None:
+        super().__init__(describe(err))
+        self.mode = mode
+        self.code = getattr(err, "code", None)
+        self.library_lost = library_lost
 
 
 class XidWatcher:
     def __init__(self, log: logging.Logger, wait_ms: int = 500, min_backoff: float = 1.0, max_backoff: float = 30.0) -> None:
         self._log = log
-        self._wait_ms = wait_ms
+        self._wait_ms = max(0, min(int(wait_ms), 1000))  # the spec's bound on the thread's wakeups
         self._min_backoff = min_backoff
-        self._max_backoff = max_backoff
+        self._max_backoff = max(min_backoff, max_backoff)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._devices: dict[str, Any] = {}  # what watch() saw last: uuid -> handle
+        self._key: dict[str, int | None] = {}  # the same by pointer value, to notice a change
+        self._generation = 0  # bumped on every changed mapping
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._counts: dict[tuple[str, int], tuple[int, float]] = {}
+        self._watched: frozenset[str] = frozenset()
+        self._healthy = True
+        self._duration = 0.0
+
+    # -- the backend's side: cheap, never an NVML call ----------------------------------
 
     def watch(self, devices: Mapping[str, Any]) -> None:
-        pass
+        key = {uuid: _pointer(h) for uuid, h in devices.items() if uuid}
+        with self._lock:
+            if key != self._key:
+                self._devices = {uuid: h for uuid, h in devices.items() if uuid}
+                self._key = key
+                self._generation += 1
+                self._wake.notify_all()
+            alive = self._thread is not None and self._thread.is_alive()
+            if alive and self._stopping:
+                return  # a stop() that timed out: its thread still runs, never a second one
+            if not alive:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+                self._thread.start()
 
     def state(self) -> XidState:
-        return XidState()
+        with self._lock:
+            counts = tuple(XidCount(u, x, n, t) for (u, x), (n, t) in sorted(self._counts.items()))
+            return XidState(counts, self._watched, self._healthy, self._duration)
 
     def stop(self, timeout: float) -> bool:
-        return True
+        with self._lock:
+            thread = self._thread
+            if thread is None:
+                return True
+            self._stopping = True
+            self._wake.notify_all()
+        thread.join(timeout)  # it is inside a wait of at most wait_ms
+        return not thread.is_alive()
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        event_set: Any = None
+        table: dict[int | None, str] = {}  # handle pointer -> UUID, as registered
+        unsupported: set[tuple[str, int | None]] = set()  # skipped, not retried as errors
+        generation = -1
+        retry_at: float | None = None  # a rebuild is pending after a failure
+        backoff = self._min_backoff
+        proven = True  # the latest build has had a good wait (or has nothing to wait on)
+        warned: set[str] = set()
+        try:
+            while True:
+                with self._lock:
+                    if self._stopping:
+                        return
+                    changed = self._generation != generation
+                    now = time.monotonic()
+                    due = retry_at is not None and now >= retry_at
+                    if event_set is None and not (changed or due):
+                        # nothing to wait on: sleep until watch(), stop() or the retry
+                        self._wake.wait(None if retry_at is None else retry_at - now)
+                        continue
+                    generation, devices = self._generation, dict(self._devices)
+                failure: _Failed | None = None
+                if changed or due:
+                    self._free(event_set)
+                    event_set, table, failure = self._build(devices, unsupported)
+                    retry_at, proven = None, event_set is None
+                else:
+                    try:
+                        self._receive(event_set, table)
+                        proven = True
+                    except _Failed as err:
+                        failure = err
+                        if not failure.library_lost:  # a lost library already reclaimed the set
+                            self._free(event_set)
+                        event_set, table = None, {}
+                        with self._lock:
+                            self._watched = frozenset()
+                if failure is not None:
+                    retry_at = time.monotonic() + backoff
+                    self._failed(failure, warned, backoff)
+                    backoff = min(backoff * 2, self._max_backoff)
+                elif proven and retry_at is None and not self.state().healthy:
+                    backoff = self._min_backoff  # it works again: the next outage starts short
+                    warned.clear()  # and warns again
+                    self._resumed()
+        except Exception:  # a bug here must not die silently; the next watch() starts a new thread
+            self._log.error("XID watcher failed", exc_info=True, extra=fields())
+        finally:
+            self._free(event_set)
+            with self._lock:
+                self._watched = frozenset()
+
+    def _build(
+        self, devices: dict[str, Any], unsupported: set[tuple[str, int | None]]
+    ) -> tuple[Any, dict[int | None, str], _Failed | None]:
+        """A new set registered on every GPU that supports XID events. A GPU that fails is left
+        out and the failure returned (the others stay watched until the retry)."""
+        started = time.monotonic()
+        table: dict[int | None, str] = {}
+        failure: _Failed | None = None
+        event_set: Any = None
+        try:
+            event_set = call(pynvml.nvmlEventSetCreate) if devices else None
+        except Missing:
+            event_set = None  # a driver without event sets: nothing to watch, nothing wrong
+        except (DeviceDown, BackendDown) as err:
+            failure = _Failed("create", err, isinstance(err, BackendDown))
+        for uuid, handle in devices.items() if event_set is not None else ():
+            if (uuid, _pointer(handle)) in unsupported:
+                continue
+            try:
+                ok = call(_register, handle, event_set)
+            except Missing:
+                ok = None
+            except (DeviceDown, BackendDown) as err:
+                failure = _Failed("register", err, isinstance(err, BackendDown))
+                if failure.library_lost or failure.code == pynvml.NVML_ERROR_UNKNOWN:
+                    break  # the set is gone or undefined (header): rebuild it all
+                continue
+            if ok:
+                table[_pointer(handle)] = uuid
+            else:  # NOT_SUPPORTED (GeForce), no permission: this GPU has no XID series
+                unsupported.add((uuid, _pointer(handle)))
+                self._log.debug("XID events not supported", extra=fields(uuid=uuid))
+        lost = failure is not None and failure.library_lost
+        if event_set is not None and (not table or lost or (failure is not None and failure.code == pynvml.NVML_ERROR_UNKNOWN)):
+            if not lost:  # a lost library already reclaimed it
+                self._free(event_set)
+            event_set, table = None, {}  # nothing (usable) registered: no set, no periodic wakeups
+        with self._lock:
+            self._watched = frozenset(table.values())
+            self._duration = time.monotonic() - started
+        return event_set, table, failure
+
+    def _receive(self, event_set: Any, table: dict[int | None, str]) -> None:
+        """One bounded wait; an XID is counted under the UUID its handle was registered as."""
+        try:
+            data = call(_wait, event_set, self._wait_ms)
+        except BackendDown as err:
+            raise _Failed("wait", err, library_lost=True) from None
+        except (DeviceDown, Missing) as err:  # GPU_IS_LOST, UNKNOWN, ...
+            raise _Failed("wait", err) from None
+        if data is _TIMEOUT:
+            return
+        if data is None:  # NOT_SUPPORTED from a wait: not something to count on
+            raise _Failed("wait", pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        if data.eventType != XID_EVENT:
+            return  # eventData is an XID only for XID events (gpud#164 counted "xid 0" from a clock event)
+        uuid = table.get(_pointer(data.device))
+        if uuid is None:  # not a handle this set registered: nothing to attribute it to
+            self._log.warning("XID event from an unknown device", extra=fields(xid=int(data.eventData)))
+            return
+        xid = int(data.eventData)
+        with self._lock:
+            count, _ = self._counts.get((uuid, xid), (0, 0.0))
+            self._counts[(uuid, xid)] = (count + 1, time.time())  # the struct has no timestamp
+        self._log.info("XID event", extra=fields(uuid=uuid, xid=xid))
+
+    def _free(self, event_set: Any) -> None:
+        if event_set is None:
+            return
+        try:
+            call(pynvml.nvmlEventSetFree, event_set)
+        except (Missing, DeviceDown, BackendDown) as err:  # nothing left to do about it
+            self._log.debug("freeing the XID event set failed", extra=fields(error=str(err)))
+
+    def _failed(self, failure: _Failed, warned: set[str], backoff: float) -> None:
+        with self._lock:
+            self._healthy = False
+        mode = "library" if failure.library_lost else f"{failure.mode}:{failure.code}"
+        if mode not in warned:
+            warned.add(mode)
+            self._log.warning(
+                "XID watching failed, rebuilding with backoff",
+                extra=fields(step=failure.mode, error=str(failure), retry_seconds=backoff),
+            )
+
+    def _resumed(self) -> None:
+        with self._lock:
+            self._healthy = True
+            watched = len(self._watched)
+        self._log.info("XID watching resumed", extra=fields(gpus=watched))
