@@ -40,7 +40,26 @@ def firing(labels: dict[str, str], severity: str, summary: str, description: str
 # runbooks are constant per alert
 RUNBOOK = {
     "vram": "Find the processes holding VRAM (nvidia-smi), stop or move a job, or lower batch sizes.",
+    "thermal": "Treat as overheating: check cooling, fans and inlet temperature; reseat or service the board if it "
+               "persists.",
+    "brake": "Check the node's power supplies and power-capping policy (BMC); the GPU is running at minimum clocks.",
+    "xid_critical": "Drain the GPU; read the Xid line in dmesg and nvidia-smi -q; reset the GPU (nvidia-smi -r) or "
+                    "reboot the node, and RMA a board that repeats it.",
+    "xid_warning": "Check nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT and the remap/retirement pending alerts; "
+                   "reset the GPU when its jobs allow.",
+    "recovery": "Drain the GPU and do what the action says (nvidia-smi -r for a reset, a reboot for 2); "
+                "docs/metrics.md lists every value.",
+    "pcie": "Compare LnkCap and LnkSta in lspci -vv with nvidia-smi -q -d PCIE; reseat the board or its riser, check "
+            "the slot's PCIe setting in the BIOS, and service a link that keeps training low.",
 }
+
+THERMAL_DESCRIPTION = ("Hardware thermal slowdown has held the clocks more than 10 % of the time over 10 minutes, "
+                       "for 5 minutes (drivers without the clock-event counter: the reason has been active for 5 "
+                       "minutes): the GPU runs at reduced clocks.")
+BRAKE_DESCRIPTION = ("The external power brake (hw_power_brake_slowdown) has held the clocks more than 10 % of the "
+                     "time over 10 minutes, for 5 minutes (drivers without the clock-event counter: active for 5 "
+                     "minutes), usually a PSU or power-delivery problem.")
+CRITICAL_XIDS = "48|62|64|74|79|95|119|120"
 
 
 def check(eval_time: str, alert: str, *expected: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +117,10 @@ def tests() -> list[dict[str, Any]]:
                          "Look for a job whose memory keeps growing (a leak or an unbounded cache) and restart or cap it.")),
         ],
     }
+    # GPUs 0 and 1 have only the reason bits (a driver without the clock-event counters for these
+    # reasons): the bit must hold for 5 minutes, as before. GPUs 2 and 3 have the counters, which
+    # win over the bit: GPU 2's bit flaps (the old bit rule never fired on it) while its counter
+    # says the clocks were held half the time.
     temp = {
         "name": "temperature and throttling",
         "interval": "1m",
@@ -109,6 +132,22 @@ def tests() -> list[dict[str, Any]]:
             {"series": series("resmon_gpu_throttle_active", gpu(0, reason="hw_power_brake_slowdown")), "values": "0x20"},
             {"series": series("resmon_gpu_throttle_active", gpu(1, reason="hw_power_brake_slowdown")), "values": "1x20"},
             {"series": series("resmon_gpu_throttle_active", gpu(0, reason="sw_power_cap")), "values": "1x20"},
+            {"series": series("resmon_gpu_throttle_active", gpu(2, reason="hw_thermal_slowdown")),
+             "values": " ".join(["1 0"] * 10) + " 1"},
+            {"series": series("resmon_gpu_clock_event_seconds_total", gpu(2, reason="hw_thermal_slowdown")),
+             "values": "0+30x20"},  # held 30 s of every minute
+            # the bit read set at every scrape, but the counter says 5 %: the counter wins
+            {"series": series("resmon_gpu_throttle_active", gpu(3, reason="hw_thermal_slowdown")), "values": "1x20"},
+            {"series": series("resmon_gpu_clock_event_seconds_total", gpu(3, reason="hw_thermal_slowdown")),
+             "values": "0+3x20"},  # 5 %: under the 10 % threshold
+            {"series": series("resmon_gpu_clock_event_seconds_total", gpu(2, reason="hw_power_brake_slowdown")),
+             "values": "0x20"},
+            {"series": series("resmon_gpu_throttle_active", gpu(3, reason="hw_power_brake_slowdown")),
+             "values": "1x20"},
+            {"series": series("resmon_gpu_clock_event_seconds_total", gpu(3, reason="hw_power_brake_slowdown")),
+             "values": "0+60x20"},  # held all the time
+            {"series": series("resmon_gpu_clock_event_seconds_total", gpu(3, reason="sw_power_cap")),
+             "values": "0+60x20"},  # normal under load: never alerted
         ],
         "alert_rule_test": [
             check("5m", "ResmonGpuTemperatureHigh"),
@@ -121,19 +160,19 @@ def tests() -> list[dict[str, Any]]:
             check("3m", "ResmonGpuHwThermalSlowdown"),
             check("10m", "ResmonGpuHwThermalSlowdown",
                   firing(gpu(0, reason="hw_thermal_slowdown"), "warning",
-                         "GPU 0 on gpu-host-1:9636 is slowed down by hardware thermal protection",
-                         "The hardware thermal slowdown clock-event reason has been active for 5 minutes: the GPU runs "
-                         "at reduced clocks.",
-                         "Treat as overheating: check cooling, fans and inlet temperature; reseat or service the board "
-                         "if it persists.")),
+                         "GPU 0 on gpu-host-1:9636 is slowed down by hardware thermal protection (100% of the time)",
+                         THERMAL_DESCRIPTION, RUNBOOK["thermal"]),
+                  firing(gpu(2, reason="hw_thermal_slowdown"), "warning",
+                         "GPU 2 on gpu-host-1:9636 is slowed down by hardware thermal protection (50% of the time)",
+                         THERMAL_DESCRIPTION, RUNBOOK["thermal"])),
             check("3m", "ResmonGpuPowerBrake"),
             check("10m", "ResmonGpuPowerBrake",
                   firing(gpu(1, reason="hw_power_brake_slowdown"), "warning",
-                         "GPU 1 on gpu-host-1:9636 is held by the power brake",
-                         "The external power brake (hw_power_brake_slowdown) has been active for 5 minutes, usually a "
-                         "PSU or power-delivery problem.",
-                         "Check the node's power supplies and power-capping policy (BMC); the GPU is running at minimum "
-                         "clocks.")),
+                         "GPU 1 on gpu-host-1:9636 is held by the power brake (100% of the time)",
+                         BRAKE_DESCRIPTION, RUNBOOK["brake"]),
+                  firing(gpu(3, reason="hw_power_brake_slowdown"), "warning",
+                         "GPU 3 on gpu-host-1:9636 is held by the power brake (100% of the time)",
+                         BRAKE_DESCRIPTION, RUNBOOK["brake"])),
         ],
     }
     health = {
@@ -147,6 +186,9 @@ def tests() -> list[dict[str, Any]]:
             {"series": series("resmon_collector_success", {**H1, "collector": "gpu"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H1, "collector": "host"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H2, "collector": "gpu"}), "values": "1x20"},
+            {"series": series("resmon_collector_success", {**H1, "collector": "xid"}), "values": "0x20"},
+            {"series": series("resmon_collector_success", {**H1, "collector": "nvlink"}), "values": "1x20"},
+            {"series": series("resmon_collector_success", {**H2, "collector": "health"}), "values": "1 0x3 1x16"},
             {"series": series("resmon_last_refresh_timestamp_seconds", {**H1, "collector": "gpu"}), "values": "0x20"},
             {"series": series("resmon_last_refresh_timestamp_seconds", {**H2, "collector": "gpu"}), "values": "0+60x20"},
             {"series": series("up", H1), "values": "0x20"},
@@ -175,6 +217,14 @@ def tests() -> list[dict[str, Any]]:
                          "The GPU collector has failed for 10 minutes (NVML or the vendor CLI not answering, or "
                          "refreshes timing out).",
                          "Read the exporter's log; check the driver (nvidia-smi) and, in containers, the NVIDIA runtime.")),
+            check("5m", "ResmonHealthCollectorFailing"),
+            check("15m", "ResmonHealthCollectorFailing",
+                  firing({**H1, "collector": "xid"}, "warning",
+                         "resmon on gpu-host-1:9636 cannot read GPU health (xid collector)",
+                         "The xid collector has failed for 10 minutes: the XID, ECC, row-remap and NVLink alerts that "
+                         "read it cannot fire meanwhile.",
+                         "Read the exporter's log for the collector's error and check the driver (nvidia-smi -q); "
+                         "restart the exporter if it persists.")),
             check("7m", "ResmonRefreshStale"),  # stale since 5m, pending for 5m
             check("12m", "ResmonRefreshStale",
                   firing({**H1, "collector": "gpu"}, "warning",
@@ -196,6 +246,207 @@ def tests() -> list[dict[str, Any]]:
                          "usual suspects.")),
         ],
     }
+    # XIDs. GPU 0's XID 79 is its first ever: the series appears with the event (no 0 before it),
+    # so increase() alone never fires on it; the receipt time does, at once, for 10 minutes.
+    # GPU 1's XIDs are the application's (13, 31, 43): never alerted. GPU 2's exporter clock runs
+    # an hour behind Prometheus: its first XID 48 looks old, its second (20m) fires by increase().
+    # GPU 3's XID 48 happened two hours before Prometheus first scraped the series: quiet.
+    xid = {
+        "name": "XID events",
+        "interval": "1m",
+        "input_series": [
+            {"series": series("resmon_gpu_xid_errors_total", gpu(0, xid="79")), "values": "_ _ _ 1x30"},
+            {"series": series("resmon_gpu_xid_last_timestamp_seconds", gpu(0, xid="79")), "values": "_ _ _ 180x30"},
+            {"series": series("resmon_gpu_xid_errors_total", gpu(0, xid="94")), "values": "_ _ _ 1x30"},
+            {"series": series("resmon_gpu_xid_last_timestamp_seconds", gpu(0, xid="94")), "values": "_ _ _ 180x30"},
+        ] + [
+            s for code in ("13", "31", "43") for s in (
+                {"series": series("resmon_gpu_xid_errors_total", gpu(1, xid=code)), "values": "_ _ _ 1 2 3x30"},
+                {"series": series("resmon_gpu_xid_last_timestamp_seconds", gpu(1, xid=code)),
+                 "values": "_ _ _ 180 240 300x30"})
+        ] + [
+            {"series": series("resmon_gpu_xid_errors_total", gpu(2, xid="48")), "values": "_ _ _ 1x16 2x15"},
+            {"series": series("resmon_gpu_xid_last_timestamp_seconds", gpu(2, xid="48")),
+             "values": "_ _ _ -3420x16 -2400x15"},
+            {"series": series("resmon_gpu_xid_errors_total", gpu(3, xid="48")), "values": "3x34"},
+            {"series": series("resmon_gpu_xid_last_timestamp_seconds", gpu(3, xid="48")), "values": "-7200x34"},
+        ],
+        "alert_rule_test": [
+            check("2m", "ResmonGpuXidCritical"),
+            check("3m", "ResmonGpuXidCritical", *[firing(
+                gpu(0, xid="79"), "critical", "GPU 0 on gpu-host-1:9636 reported hardware XID 79",
+                "NVML reported XID 79 on GPU 0 (GPU-00000000) in the last 10 minutes: a hardware, firmware or NVLink "
+                "fault (48, 62, 64, 74, 79, 95, 119, 120). Jobs on this GPU have likely failed.",
+                RUNBOOK["xid_critical"])]),
+            check("12m", "ResmonGpuXidCritical", *[firing(
+                gpu(0, xid="79"), "critical", "GPU 0 on gpu-host-1:9636 reported hardware XID 79",
+                "NVML reported XID 79 on GPU 0 (GPU-00000000) in the last 10 minutes: a hardware, firmware or NVLink "
+                "fault (48, 62, 64, 74, 79, 95, 119, 120). Jobs on this GPU have likely failed.",
+                RUNBOOK["xid_critical"])]),
+            check("14m", "ResmonGpuXidCritical"),  # 11 minutes old
+            check("22m", "ResmonGpuXidCritical", firing(
+                gpu(2, xid="48"), "critical", "GPU 2 on gpu-host-1:9636 reported hardware XID 48",
+                "NVML reported XID 48 on GPU 2 (GPU-00000002) in the last 10 minutes: a hardware, firmware or NVLink "
+                "fault (48, 62, 64, 74, 79, 95, 119, 120). Jobs on this GPU have likely failed.",
+                RUNBOOK["xid_critical"])),
+            check("2m", "ResmonGpuXidWarning"),
+            check("5m", "ResmonGpuXidWarning", firing(
+                gpu(0, xid="94"), "warning", "GPU 0 on gpu-host-1:9636 reported memory-error XID 94",
+                "NVML reported XID 94 on GPU 0 (GPU-00000000) in the last 10 minutes: a memory error the GPU "
+                "contained or repaired (63, 92, 94). It keeps running, but may need a reset.",
+                RUNBOOK["xid_warning"])),
+            check("20m", "ResmonGpuXidWarning"),
+        ],
+        "promql_expr_test": [
+            # why the timestamp half exists: increase() alone sees nothing of GPU 0's first XID
+            {"expr": f'increase(resmon_gpu_xid_errors_total{{xid=~"{CRITICAL_XIDS}"}}[10m]) > 0', "eval_time": "5m",
+             "exp_samples": []},
+        ],
+    }
+    # ECC. GPU 0 had 3 uncorrectable errors and gets 2 more at 5m (volatile and aggregate: one
+    # alert, showing the volatile count) and corrected ones all along (never alerted); GPU 1 carries 3 old ones;
+    # GPU 2's series first appears at 5m with 4 (exporter restarted after old errors): quiet.
+    ecc = {
+        "name": "ECC errors",
+        "interval": "1m",
+        "input_series": [
+            {"series": series("resmon_gpu_ecc_errors_total", gpu(0, type="uncorrected", scope="volatile")),
+             "values": "3x4 5x20"},
+            {"series": series("resmon_gpu_ecc_errors_total", gpu(0, type="uncorrected", scope="aggregate")),
+             "values": "7x4 9x20"},
+            {"series": series("resmon_gpu_ecc_errors_total", gpu(0, type="corrected", scope="volatile")),
+             "values": "0+5x24"},
+            {"series": series("resmon_gpu_ecc_errors_total", gpu(1, type="uncorrected", scope="volatile")),
+             "values": "3x24"},
+            {"series": series("resmon_gpu_ecc_errors_total", gpu(2, type="uncorrected", scope="volatile")),
+             "values": "_ _ _ _ _ 4x20"},
+        ],
+        "alert_rule_test": [
+            check("4m", "ResmonGpuEccUncorrectable"),
+            check("10m", "ResmonGpuEccUncorrectable", firing(
+                gpu(0, type="uncorrected", scope="volatile"), "critical",
+                "GPU 0 on gpu-host-1:9636 had uncorrectable ECC errors",
+                "The uncorrectable ECC error count of GPU 0 (GPU-00000000) rose in the last 10 minutes, to 5 since "
+                "the driver loaded. Data on the GPU may be corrupt; the jobs that hit the error were stopped.",
+                "Drain the GPU; check nvidia-smi -q -d ECC,ROW_REMAPPER (PAGE_RETIREMENT before Ampere) and dmesg "
+                "(XID 48, 94, 95); reset it so a pending remap applies, and RMA it if errors repeat.")),
+            check("20m", "ResmonGpuEccUncorrectable"),
+        ],
+    }
+    # Row remapping (Ampere+), page retirement (before Ampere), recovery action.
+    actions = {0: "1", 1: "2", 2: "0", 3: "4", 4: "3", 5: "6"}
+    needs = {"1": "a GPU reset", "2": "a node reboot", "3": "its peer-to-peer traffic drained",
+             "4": "a drain and a reset", "6": "recovery action 6"}
+    memory = {
+        "name": "memory repair and recovery",
+        "interval": "1m",
+        "input_series": [
+            {"series": series("resmon_gpu_row_remap_pending", gpu(0)), "values": "0x2 1x10"},
+            {"series": series("resmon_gpu_row_remap_pending", gpu(1)), "values": "0x12"},
+            {"series": series("resmon_gpu_row_remap_failed", gpu(0)), "values": "0x12"},
+            {"series": series("resmon_gpu_row_remap_failed", gpu(1)), "values": "1x12"},
+            {"series": series("resmon_gpu_retired_pages_pending", gpu(2)), "values": "1x12"},
+            {"series": series("resmon_gpu_retired_pages_pending", gpu(3)), "values": "0x12"},
+        ] + [
+            {"series": series("resmon_gpu_recovery_action", gpu(i)), "values": f"{v}x12"} for i, v in actions.items()
+        ],
+        "alert_rule_test": [
+            check("3m", "ResmonGpuRowRemapPending"),  # pending since 3m, for 1m
+            check("6m", "ResmonGpuRowRemapPending", firing(
+                gpu(0), "warning", "GPU 0 on gpu-host-1:9636 needs a reset to apply a row remap",
+                "GPU 0 (GPU-00000000) has remapped a memory row after an ECC error; the remap takes effect at the next "
+                "GPU reset, and until then the bad row stays in use.",
+                "Drain the GPU and reset it (nvidia-smi -r) or reboot the node; nvidia-smi -q -d ROW_REMAPPER shows "
+                "the counts.")),
+            check("0m", "ResmonGpuRowRemapFailed"),
+            check("5m", "ResmonGpuRowRemapFailed", firing(
+                gpu(1), "critical", "GPU 1 on gpu-host-1:9636 failed to remap a memory row",
+                "Row remapping has failed on GPU 1 (GPU-00000001): a bad memory row could not be replaced by a spare, "
+                "so errors there can no longer be repaired.",
+                "Take the GPU out of service and open an RMA with its serial number (nvidia-smi -q); a reset does not "
+                "fix this.")),
+            check("0m", "ResmonGpuRetiredPagesPending"),
+            check("5m", "ResmonGpuRetiredPagesPending", firing(
+                gpu(2), "warning", "GPU 2 on gpu-host-1:9636 needs a reset to retire memory pages",
+                "GPU 2 (GPU-00000002) has memory pages marked for retirement after ECC errors; they are retired at the "
+                "next driver reload or GPU reset.",
+                "Drain the GPU and reset it or reboot the node; nvidia-smi -q -d PAGE_RETIREMENT shows the counts "
+                "(many retired pages: RMA).")),
+            check("0m", "ResmonGpuRecoveryAction"),
+            check("5m", "ResmonGpuRecoveryAction", *[firing(
+                gpu(i), "critical", f"GPU {i} on gpu-host-1:9636 needs {needs[v]}",
+                f"The driver has asked for recovery action {v} on GPU {i} (GPU-0000000{i}) for 1 minute (1 GPU reset, "
+                "2 node reboot, 3 drain peer-to-peer, 4 drain and reset). The GPU does not work correctly until it is "
+                "done.", RUNBOOK["recovery"]) for i, v in actions.items() if v != "0"]),
+        ],
+    }
+    # NVLink. GPU 0: link 0 goes down at 11m after being up, link 1 stays up, link 2 was never up
+    # (not cabled). GPU 1's link 0 drops for one sample (retraining): shorter than `for`.
+    nvlink = {
+        "name": "NVLink links",
+        "interval": "1m",
+        "input_series": [
+            {"series": series("resmon_gpu_nvlink_active", gpu(0, link="0")), "values": "1x10 0x420"},
+            {"series": series("resmon_gpu_nvlink_active", gpu(0, link="1")), "values": "1x430"},
+            {"series": series("resmon_gpu_nvlink_active", gpu(0, link="2")), "values": "0x430"},
+            {"series": series("resmon_gpu_nvlink_active", gpu(1, link="0")), "values": "1x10 0 1x419"},
+        ],
+        "alert_rule_test": [
+            check("13m", "ResmonGpuNvlinkDown"),  # down since 11m, for 5m
+            check("20m", "ResmonGpuNvlinkDown", firing(
+                gpu(0, link="0"), "warning", "NVLink 0 of GPU 0 on gpu-host-1:9636 is down",
+                "NVLink link 0 of GPU 0 (GPU-00000000) was active during the last 6 hours and has been down for 5 "
+                "minutes: multi-GPU jobs fall back to PCIe or hang.",
+                "Check nvidia-smi nvlink -s and -e, and dmesg for XID 74; reset the GPU or reboot the node, and "
+                "service the board or NVSwitch if the link stays down.")),
+            check("7h", "ResmonGpuNvlinkDown"),  # down for over 6 hours: resolved, as documented
+        ],
+    }
+    # PCIe. GPU 0 busy (utilization gauge, no busy counter) at Gen 4 of 5 and x8 of x16: fires
+    # both. GPU 1 idle at Gen 1 of 4 and x8 of x16: power saving, quiet. GPU 2 at x8 of x16, busy
+    # by its busy-seconds counter (80 %) though the instantaneous gauge reads 10 %: fires. GPU 3
+    # at x8 of x16, the gauge reads 90 % but the counter says 10 % over 5 minutes: the counter
+    # wins, quiet.
+    def pcie_series(i: int, gen: tuple[int, int], width: tuple[int, int]) -> list[dict[str, str]]:
+        return [
+            {"series": series("resmon_gpu_pcie_link_generation", gpu(i, bound="current")), "values": f"{gen[0]}x30"},
+            {"series": series("resmon_gpu_pcie_link_generation", gpu(i, bound="max")), "values": f"{gen[1]}x30"},
+            {"series": series("resmon_gpu_pcie_link_width_lanes", gpu(i, bound="current")), "values": f"{width[0]}x30"},
+            {"series": series("resmon_gpu_pcie_link_width_lanes", gpu(i, bound="max")), "values": f"{width[1]}x30"},
+        ]
+
+    pcie = {
+        "name": "PCIe link under load",
+        "interval": "1m",
+        "input_series": pcie_series(0, (4, 5), (8, 16)) + pcie_series(1, (1, 4), (8, 16)) +
+        pcie_series(2, (4, 4), (8, 16)) + pcie_series(3, (4, 4), (8, 16)) + [
+            {"series": series("resmon_gpu_utilization_ratio", gpu(0)), "values": "0.9x30"},
+            {"series": series("resmon_gpu_utilization_ratio", gpu(1)), "values": "0x30"},
+            {"series": series("resmon_gpu_utilization_ratio", gpu(2)), "values": "0.1x30"},
+            {"series": series("resmon_gpu_busy_seconds_total", gpu(2, engine="gpu")), "values": "0+48x30"},
+            {"series": series("resmon_gpu_busy_seconds_total", gpu(2, engine="memory")), "values": "0+6x30"},
+            {"series": series("resmon_gpu_utilization_ratio", gpu(3)), "values": "0.9x30"},
+            {"series": series("resmon_gpu_busy_seconds_total", gpu(3, engine="gpu")), "values": "0+6x30"},
+        ],
+        "alert_rule_test": [
+            check("5m", "ResmonGpuPcieGenerationDegraded"),  # for 10m
+            check("15m", "ResmonGpuPcieGenerationDegraded", firing(
+                gpu(0), "warning",
+                "GPU 0 on gpu-host-1:9636 runs its PCIe link at Gen 4, below its maximum, while busy",
+                "The PCIe link of GPU 0 (GPU-00000000) has run below its maximum generation for 10 minutes while the "
+                "GPU was more than 50 % busy: host-device transfers are slower.", RUNBOOK["pcie"])),
+            check("5m", "ResmonGpuPcieWidthDegraded"),
+            check("15m", "ResmonGpuPcieWidthDegraded", firing(
+                gpu(0), "warning",
+                "GPU 0 on gpu-host-1:9636 runs its PCIe link at x8, below its maximum width, while busy",
+                "The PCIe link of GPU 0 (GPU-00000000) has run with fewer lanes than its maximum for 10 minutes while "
+                "the GPU was more than 50 % busy: host-device transfers are slower.", RUNBOOK["pcie"]), firing(
+                gpu(2), "warning",
+                "GPU 2 on gpu-host-1:9636 runs its PCIe link at x8, below its maximum width, while busy",
+                "The PCIe link of GPU 2 (GPU-00000002) has run with fewer lanes than its maximum for 10 minutes while "
+                "the GPU was more than 50 % busy: host-device transfers are slower.", RUNBOOK["pcie"])),
+        ],
+    }
     absent = {
         "name": "no exporter target at all",
         "interval": "1m",
@@ -209,7 +460,7 @@ def tests() -> list[dict[str, Any]]:
                          "Check the scrape configuration or service discovery (job name must match resmon.*).")),
         ],
     }
-    return [vram, filling, temp, health, absent]
+    return [vram, filling, temp, xid, ecc, memory, nvlink, pcie, health, absent]
 
 
 def document() -> str:
