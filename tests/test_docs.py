@@ -6,7 +6,7 @@ import re
 
 from exporter.collector import FAMILIES
 from fakenvml import REPO
-from scenarios import three_gpus
+from scenarios import board_uuid, health_machine
 
 DOC = REPO / "docs" / "metrics.md"
 SPEC = REPO.parent / "shared" / "spec" / "metrics.md"
@@ -31,10 +31,12 @@ def test_docs_list_exactly_the_collectors_families():
 
 
 def test_docs_match_a_full_scrape(run_exporter, scenario):
-    scenario.write(three_gpus())
+    scenario.write(health_machine())  # every family some board answers, v1 and v2
     exporter = run_exporter()
     exporter.wait_ready()  # before the first GPU read a scrape has no GPU families
-    s = exporter.scrape()
+    exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="xid"))  # registered
+    scenario.update(xid_events=f"{board_uuid('hopper', 0)}:79")  # XID series appear at their first event
+    s = exporter.wait_for(lambda s: s.has("resmon_gpu_xid_errors_total"))
     served = {name for name in s.samples if name.startswith("resmon_")}
     rows = doc_rows()
     assert served == set(rows), served ^ set(rows)
