@@ -64,6 +64,15 @@ class Env:
     def scenario(self, count: int) -> Scenario:
         return Scenario(self.root / f"scenario-{count}.txt", machine(count))
 
+    def health_scenario(self, count: int) -> Scenario:
+        """count H100-class boards answering every v2 family (ECC, remapping, 18 NVLinks, fields, samples)."""
+        from scenarios import hopper_board
+
+        values: dict[str, Any] = {"count": count}
+        for i in range(count):
+            values.update(hopper_board(i))
+        return Scenario(self.root / f"health-{count}.txt", values)
+
     def env(self, scenario: Scenario, trace: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RESMON_", "FAKE_NVML_"))}
         env.update(LD_LIBRARY_PATH=str(self.lib), FAKE_NVML_SCENARIO=str(scenario.path), PYTHONUNBUFFERED="1")
@@ -149,7 +158,8 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
     from exporter.collector import snapshot_families
 
     if kind == "refresh":
-        monitor = ResourceMonitor(cache_ttl=0)
+        # the XID watcher is not part of a refresh (its waits would count as refresh calls)
+        monitor = ResourceMonitor(cache_ttl=0, collect_xid=False)
         monitor.snapshot()  # init, static facts
         trace = Path(os.environ["FAKE_NVML_TRACE"])
         before = len(trace.read_text().splitlines())
@@ -168,7 +178,7 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             families = list(snapshot_families(snap))
             build.append((time.perf_counter() - t0) * 1000)
-        warm = ResourceMonitor(cache_ttl=3600)
+        warm = ResourceMonitor(cache_ttl=3600, collect_xid=False)
         warm_registry = CollectorRegistry()
         warm_registry.register(ResourceCollector(warm))
         generate_latest(warm_registry)
@@ -218,8 +228,8 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
     raise ValueError(kind)
 
 
-def run_inner(env: Env, kind: str, count: int, repeats: int) -> dict[str, Any]:
-    scenario = env.scenario(count)
+def run_inner(env: Env, kind: str, count: int, repeats: int, scenario: Scenario | None = None) -> dict[str, Any]:
+    scenario = scenario or env.scenario(count)
     out = subprocess.run([sys.executable, __file__, "--inner", kind, str(count), str(repeats)],
                          env=env.env(scenario, trace=True), cwd=REPO, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
@@ -320,6 +330,16 @@ def main() -> int:
             table.add(f"{count} GPU(s): families from a snapshot", build, "ms")
             table.add(f"{count} GPU(s): exposition share of a cold scrape",
                       100 * total / (total + refresh), "%")
+        # the same 8 GPUs as datacenter boards answering every health family, side by side
+        plain = [run_inner(env, "refresh", 8, 20 if quick else 200) for _ in range(runs)]
+        health = [run_inner(env, "refresh", 8, 20 if quick else 200, env.health_scenario(8)) for _ in range(runs)]
+        plain_cpu = statistics.median([statistics.median(r["cpu"]) for r in plain])
+        health_cpu = statistics.median([statistics.median(r["cpu"]) for r in health])
+        table.add("cold refresh 8 H100-class GPUs, every v2 family, CPU", summary([statistics.median(r["cpu"]) for r in health]), "ms")
+        table.add("NVML calls per refresh, 8 H100-class GPUs", health[0]["calls"], "")
+        table.add("series per scrape, 8 H100-class GPUs", float(health[0]["series"]), "")
+        table.add("series per scrape, 8 plain GPUs", float(plain[0]["series"]), "")
+        table.add("refresh CPU ratio, H100-class / plain", health_cpu / plain_cpu if plain_cpu else 0.0, "x")
         # Python API
         api = [run_inner(env, "api", 1, 20 if quick else 200) for _ in range(runs)]
         table.add("get_current_resources() warm", summary([r["warm"] for r in api]), "ms", "api_warm")
@@ -354,6 +374,18 @@ def main() -> int:
         table.add(f"CPU over {idle:g} s idle", summary(idle_cpu), "ms")
         table.add(f"wakeups (context switches) over {idle:g} s idle", summary([float(s) for s in idle_switches]), "",
                   "idle_wakeups")
+        # the XID watcher is the one periodic waker: the same idle window without it
+        quiet = []
+        for _ in range(runs):
+            proc, port, _ = start_exporter(env.env(scenario), "--no-collector.xid")
+            try:
+                time.sleep(1.0)
+                s0 = switches(proc.pid)
+                time.sleep(idle)
+                quiet.append(float(switches(proc.pid) - s0))
+            finally:
+                stop(proc)
+        table.add(f"wakeups over {idle:g} s idle, --no-collector.xid", summary(quiet), "")
     print(f"resmon-exporter benchmarks ({'quick' if quick else 'full'}; {runs} run(s) each; python {sys.version.split()[0]}; "
           f"{os.cpu_count()} CPUs)")
     table.print()

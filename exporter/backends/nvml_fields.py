@@ -44,6 +44,7 @@ _U64_NA = 0xFFFFFFFFFFFFFFFF
 # nvmlValueType_t -> union member
 _MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _DOUBLE = 0
+_SENTINELS = {1: _U32_NA, 2: _U64_NA, 3: _U64_NA}  # unsigned types' all-ones value
 
 Request = tuple[int, int]  # (field id, scope id)
 Values = dict[Request, float | int]
@@ -70,7 +71,7 @@ def decode(entry: Any) -> float | int | None:
         number = float(entry.value.dVal)
         return number if number == number and abs(number) != float("inf") else None
     value = int(getattr(entry.value, member))
-    if value in (_U32_NA, _U64_NA):  # "not available" sentinels
+    if value == _SENTINELS.get(int(entry.valueType)):  # all ones: "not available"
         return None
     return value
 
