@@ -17,6 +17,55 @@ re-reads it whenever it changes. Keys (all optional):
                                    rc.nvmlDeviceGetHandleByIndex_v2: lost at handle)
     gpu.<i>.delay_ms.<symbol>=<ms>
 
+Health keys (issue 10; the contract is /work/briefs/keys.md), all per GPU as gpu.<i>.<key>.
+Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios are unchanged:
+
+    ecc=none|on|off                nvmlDeviceGetEccMode current 1/0 (none: NOT_SUPPORTED); the
+                                   counters of nvmlDeviceGetTotalEccErrors answer only when on
+    ecc_pending=0|1                (default: same as current)
+    ecc.<corrected|uncorrected>.<volatile|aggregate>=N   (default 0)
+    page_retirement=0|1            nvmlDeviceGetRetiredPages, _v2, ...PendingStatus
+    retired.multiple_single_bit=N, retired.double_bit=N, retired_pending=0|1
+                                   page j of cause c: address ((c+1) << 36) | (j << 12),
+                                   _v2 timestamp 1700000000 + j; size protocol as NVML
+    row_remapping=0|1              nvmlDeviceGetRemappedRows
+    remapped.correctable=N, remapped.uncorrectable=N, remap_pending=0|1, remap_failed=0|1
+    nvlinks=N                      (0: NvLinkState / NvLinkErrorCounter NOT_SUPPORTED; a link
+                                   >= N: INVALID_ARGUMENT); field 91 answers N, also when 0
+    nvlink.<L>.active=0|1          (default 1)
+    nvlink.<L>.tx_kib=N, nvlink.<L>.rx_kib=N   fields 138/140 (TX) and 139/141 (RX), scopeId L,
+                                   scopeId 0xFFFFFFFF = the sum over links (link >= N: that
+                                   entry INVALID_ARGUMENT)
+    nvlink.<L>.errors.<replay|recovery|crc_flit|crc_data|ecc_data>=N   counters 0..4
+    pcie_gen=, pcie_gen_max=       CurrPcieLinkGeneration; Max- and GpuMaxPcieLinkGeneration
+    pcie_width=, pcie_width_max=, pcie_replays=   (each unset: that call NOT_SUPPORTED)
+    field.<id>=<int>               nvmlDeviceGetFieldValues, every scopeId; UINT (valueType 1)
+                                   for ids 82, 91, 230, ULONGLONG (3) for the others
+    field.<id>@<scope>=<int>       that scopeId only; wins over the plain key (so do the
+                                   @<scope> forms of the three keys below)
+    field_double.<id>=<float>      stored in dVal, valueType DOUBLE (0)
+    field_type.<id>=<t>            the reported valueType only (r545: uiVal labelled DOUBLE)
+    field_rc.<id>=<rc>             that entry's own nvmlReturn
+                                   An id with none of these (and not 91 / 138-141 from the
+                                   nvlink keys): NOT_SUPPORTED. The call returns SUCCESS
+                                   (NULL array or count <= 0: INVALID_ARGUMENT); every entry
+                                   gets timestamp = now (µs since the epoch), latencyUsec 0.
+    violation.<policy>=<ns>        nvmlDeviceGetViolationStatus, policy 0..5 (unset: that
+                                   policy NOT_SUPPORTED); referenceTime = now (µs, epoch)
+    samples.period_ms=<ms>         nvmlDeviceGetSamples for types 1 GPU, 2 MEMORY, 3 ENC, 4 DEC
+                                   (unset: NOT_SUPPORTED for every type; other types always)
+    samples.capacity=N             (default 100) the ring keeps the latest N samples
+    samples.<gpu|memory|encoder|decoder>=v0,v1,...   percent, cycled by sample number k
+                                   (default: util_gpu / util_memory / encoder_util / decoder_util)
+                                   Sample k: timeStamp k * period_ms * 1000 (µs, CLOCK_MONOTONIC),
+                                   value pattern[k mod len], valueType UINT. Returned: lastSeen <
+                                   ts <= now, at most capacity, oldest first; NULL buffer: SUCCESS
+                                   with the count, NOT_FOUND (6) when none is newer than lastSeen.
+    xid_supported=0|1, global xid_events=<uuid>:<code>,...   event sets (fake_events.c)
+
+Boards built from these keys: tests/scenarios.py hopper_board, volta_board, consumer_board,
+health_machine (the exact values are constants there).
+
 With $FAKE_NVML_TRACE set, every call appends "<symbol> <device index>" to that file.
 """
 

@@ -99,3 +99,259 @@ def three_gpus() -> dict[str, Any]:
 
 def gpu_field(values: dict[str, Any], index: int, key: str) -> Any:
     return values[f"gpu.{index}.{key}"]
+
+
+# -- health boards (issue 10) -------------------------------------------------------------
+# Each preset is the scenario fragment of one GPU index (keys in tests/fakenvml.py). The
+# constants are the exact values, so tests assert against them rather than retyping numbers.
+# A feature a board lacks is left unset on purpose: it then answers NOT_SUPPORTED.
+
+# field ids (nvml.h NVML_FI_DEV_*)
+FI_MEMORY_TEMP = 82
+FI_NVLINK_LINK_COUNT = 91
+FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX, FI_NVLINK_RAW_TX, FI_NVLINK_RAW_RX = 138, 139, 140, 141
+FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198
+FI_RECOVERY_ACTION = 230
+ALL_LINKS = 0xFFFFFFFF
+# clock-event reason -> field id; nvmlPerfPolicyType_t of the nvmlDeviceGetViolationStatus
+# fallback (None: that reason has no policy)
+CLOCK_EVENT_FIELDS = {
+    "sw_power_cap": (74, 0),
+    "sync_boost": (76, 2),
+    "sw_thermal_slowdown": (269, 1),
+    "hw_thermal_slowdown": (270, None),
+    "hw_power_brake_slowdown": (271, None),
+    "board_limit": (77, 3),
+    "low_utilization": (78, 4),
+    "reliability": (79, 5),
+}
+NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")  # counter 0..4
+SAMPLING_TYPES = {"gpu": 1, "memory": 2, "encoder": 3, "decoder": 4}  # nvmlSamplingType_t
+
+HEALTH_DRIVER_VERSION = "550.127.08"
+
+# NVIDIA H100 80GB HBM3 (Hopper): HBM, ECC on, row remapping, 18 NVLinks, every field id answers
+HOPPER_NAME = "NVIDIA H100 80GB HBM3"
+HOPPER_MEMORY_TEMP = 54
+HOPPER_ECC = {"corrected.volatile": 3, "corrected.aggregate": 17, "uncorrected.volatile": 0, "uncorrected.aggregate": 0}
+HOPPER_REMAPPED = {"correctable": 2, "uncorrectable": 0, "pending": 0, "failed": 0}
+HOPPER_NVLINKS = 18
+# link L: tx (L + 1) * 1_000_000 KiB, rx (L + 1) * 1_000_000 + 500_000 KiB
+HOPPER_NVLINK_TX_KIB = tuple((link + 1) * 1_000_000 for link in range(HOPPER_NVLINKS))
+HOPPER_NVLINK_RX_KIB = tuple((link + 1) * 1_000_000 + 500_000 for link in range(HOPPER_NVLINKS))
+HOPPER_NVLINK_ERRORS = {(3, "replay"): 5, (3, "crc_flit"): 2, (7, "recovery"): 1, (11, "crc_data"): 4, (11, "ecc_data"): 1}
+HOPPER_CLOCK_EVENT_NS = {
+    74: 1_500_000_000,
+    76: 250_000_000,
+    269: 3_000_000_000,
+    270: 40_000_000,
+    271: 5_000_000,
+    77: 700_000_000,
+    78: 9_000_000_000,
+    79: 1_000_000,
+}
+HOPPER_PCIE_TX_BYTES = 123_456_789_012
+HOPPER_PCIE_RX_BYTES = 98_765_432_109
+HOPPER_RECOVERY_ACTION = 0
+HOPPER_PCIE = {"gen": 5, "gen_max": 5, "width": 16, "width_max": 16, "replays": 3}
+# sample buffers: one sample every 20 ms, the latest 50 kept (1 s); a pattern of 5 divides 50,
+# so a full buffer (and any whole number of cycles) averages exactly the mean
+HOPPER_SAMPLES_PERIOD_MS = 20
+HOPPER_SAMPLES_CAPACITY = 50
+HOPPER_SAMPLES_GPU = (100, 25, 0, 0, 0)  # mean 25 %
+HOPPER_SAMPLES_MEMORY = (40, 30, 20, 10, 0)  # mean 20 %
+HOPPER_ENCODER_UTIL, HOPPER_DECODER_UTIL = 10, 5  # no pattern: constant samples
+
+# Tesla V100-SXM2-32GB (Volta): HBM2, ECC on, page retirement, 6 NVLinks, an older driver
+# where none of the clock-event field ids (nor 197/198/230) answer: violation.* is set instead
+VOLTA_NAME = "Tesla V100-SXM2-32GB"
+VOLTA_MEMORY_TEMP = 40
+VOLTA_ECC = {"corrected.volatile": 1, "corrected.aggregate": 9, "uncorrected.volatile": 0, "uncorrected.aggregate": 0}
+VOLTA_RETIRED = {"multiple_single_bit": 1, "double_bit": 0, "pending": 0}
+VOLTA_NVLINKS = 6
+# link L: tx (L + 1) * 200_000 KiB, rx (L + 1) * 200_000 + 50_000 KiB
+VOLTA_NVLINK_TX_KIB = tuple((link + 1) * 200_000 for link in range(VOLTA_NVLINKS))
+VOLTA_NVLINK_RX_KIB = tuple((link + 1) * 200_000 + 50_000 for link in range(VOLTA_NVLINKS))
+VOLTA_NVLINK_ERRORS = {(2, "replay"): 1}
+VOLTA_VIOLATION_NS = {  # nvmlPerfPolicyType_t -> ns
+    0: 2_000_000_000,
+    1: 600_000_000,
+    2: 100_000_000,
+    3: 300_000_000,
+    4: 8_000_000_000,
+    5: 50_000_000,
+}
+VOLTA_PCIE = {"gen": 3, "gen_max": 3, "width": 16, "width_max": 16, "replays": 0}
+VOLTA_SAMPLES_PERIOD_MS = HOPPER_SAMPLES_PERIOD_MS
+VOLTA_SAMPLES_CAPACITY = HOPPER_SAMPLES_CAPACITY
+VOLTA_SAMPLES_GPU = HOPPER_SAMPLES_GPU
+VOLTA_SAMPLES_MEMORY = HOPPER_SAMPLES_MEMORY
+
+# NVIDIA GeForce RTX 4090 (Ada, GDDR6X): memory temperature answers per-entry NOT_SUPPORTED,
+# no ECC / retirement / remapping / NVLink, no XID events; the clock-event fields answer
+CONSUMER_NAME = "NVIDIA GeForce RTX 4090"
+CONSUMER_CLOCK_EVENT_NS = {
+    74: 2_500_000_000,
+    76: 0,
+    269: 120_000_000,
+    270: 30_000_000,
+    271: 0,
+    77: 60_000_000,
+    78: 40_000_000_000,
+    79: 0,
+}
+CONSUMER_PCIE = {"gen": 4, "gen_max": 4, "width": 8, "width_max": 16, "replays": 0}  # an x16 card in an x8 link
+CONSUMER_SAMPLES_PERIOD_MS = 50
+CONSUMER_SAMPLES_CAPACITY = 20
+CONSUMER_SAMPLES_GPU = (60,)  # constant
+CONSUMER_SAMPLES_MEMORY = (35,)
+
+
+def _board_uuid(family: int, index: int) -> str:
+    return f"GPU-{family:08x}-0000-4000-8000-{index:012x}"
+
+
+HOPPER_UUID_FAMILY, VOLTA_UUID_FAMILY, CONSUMER_UUID_FAMILY = 0x48100000, 0x56100000, 0x40900000
+HOPPER_PCI_BUS, VOLTA_PCI_BUS, CONSUMER_PCI_BUS = 0x18, 0x3B, 0x81  # bus of index 0; index i adds i
+
+
+def board_uuid(board: str, index: int) -> str:
+    """The UUID a preset gives GPU `index` (board: hopper, volta, consumer)."""
+    family = {"hopper": HOPPER_UUID_FAMILY, "volta": VOLTA_UUID_FAMILY, "consumer": CONSUMER_UUID_FAMILY}[board]
+    return _board_uuid(family, index)
+
+
+def board_pci_bus_id(board: str, index: int) -> str:
+    bus = {"hopper": HOPPER_PCI_BUS, "volta": VOLTA_PCI_BUS, "consumer": CONSUMER_PCI_BUS}[board] + index
+    return f"00000000:{bus & 0xFF:02X}:00.0"
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _nvlink_keys(tx: tuple[int, ...], rx: tuple[int, ...], errors: dict[tuple[int, str], int]) -> dict[str, Any]:
+    keys: dict[str, Any] = {"nvlinks": len(tx)}
+    for link, (t, r) in enumerate(zip(tx, rx)):
+        keys[f"nvlink.{link}.tx_kib"] = t
+        keys[f"nvlink.{link}.rx_kib"] = r
+    for (link, counter), value in errors.items():
+        keys[f"nvlink.{link}.errors.{counter}"] = value
+    return keys
+
+
+def _pcie_keys(pcie: dict[str, int]) -> dict[str, Any]:
+    return {f"pcie_{key}": value for key, value in pcie.items()}  # pcie_gen, pcie_gen_max, ...
+
+
+def hopper_board(i: int) -> dict[str, Any]:
+    """GPU i as an H100 SXM: see the HOPPER_* constants for every value."""
+    return gpu_keys(
+        i,
+        **{
+            "name": HOPPER_NAME,
+            "uuid": board_uuid("hopper", i),
+            "pci_bus_id": board_pci_bus_id("hopper", i),
+            "memory_total": 80 * GIB,
+            "cuda_cc": "9.0",
+            "util_gpu": 25,
+            "util_memory": 20,
+            "encoder_util": HOPPER_ENCODER_UTIL,
+            "decoder_util": HOPPER_DECODER_UTIL,
+            f"field.{FI_MEMORY_TEMP}": HOPPER_MEMORY_TEMP,
+            "ecc": "on",
+            **{f"ecc.{key}": value for key, value in HOPPER_ECC.items()},
+            "page_retirement": 0,
+            "row_remapping": 1,
+            "remapped.correctable": HOPPER_REMAPPED["correctable"],
+            "remapped.uncorrectable": HOPPER_REMAPPED["uncorrectable"],
+            "remap_pending": HOPPER_REMAPPED["pending"],
+            "remap_failed": HOPPER_REMAPPED["failed"],
+            **_nvlink_keys(HOPPER_NVLINK_TX_KIB, HOPPER_NVLINK_RX_KIB, HOPPER_NVLINK_ERRORS),
+            **{f"field.{fid}": ns for fid, ns in HOPPER_CLOCK_EVENT_NS.items()},
+            f"field.{FI_PCIE_TX_BYTES}": HOPPER_PCIE_TX_BYTES,
+            f"field.{FI_PCIE_RX_BYTES}": HOPPER_PCIE_RX_BYTES,
+            f"field.{FI_RECOVERY_ACTION}": HOPPER_RECOVERY_ACTION,
+            **_pcie_keys(HOPPER_PCIE),
+            "samples.period_ms": HOPPER_SAMPLES_PERIOD_MS,
+            "samples.capacity": HOPPER_SAMPLES_CAPACITY,
+            "samples.gpu": _csv(HOPPER_SAMPLES_GPU),
+            "samples.memory": _csv(HOPPER_SAMPLES_MEMORY),
+            "xid_supported": 1,
+        },
+    )
+
+
+def volta_board(i: int) -> dict[str, Any]:
+    """GPU i as a V100 SXM2 on an older driver: see the VOLTA_* constants."""
+    return gpu_keys(
+        i,
+        **{
+            "name": VOLTA_NAME,
+            "uuid": board_uuid("volta", i),
+            "pci_bus_id": board_pci_bus_id("volta", i),
+            "memory_total": 32 * GIB,
+            "power_limit_mw": 300000,
+            "power_management_limit_mw": 300000,
+            "cuda_cc": "7.0",
+            "util_gpu": 25,
+            "util_memory": 20,
+            f"field.{FI_MEMORY_TEMP}": VOLTA_MEMORY_TEMP,
+            "ecc": "on",
+            **{f"ecc.{key}": value for key, value in VOLTA_ECC.items()},
+            "page_retirement": 1,
+            "retired.multiple_single_bit": VOLTA_RETIRED["multiple_single_bit"],
+            "retired.double_bit": VOLTA_RETIRED["double_bit"],
+            "retired_pending": VOLTA_RETIRED["pending"],
+            "row_remapping": 0,
+            **_nvlink_keys(VOLTA_NVLINK_TX_KIB, VOLTA_NVLINK_RX_KIB, VOLTA_NVLINK_ERRORS),
+            **{f"violation.{policy}": ns for policy, ns in VOLTA_VIOLATION_NS.items()},
+            **_pcie_keys(VOLTA_PCIE),
+            "samples.period_ms": VOLTA_SAMPLES_PERIOD_MS,
+            "samples.capacity": VOLTA_SAMPLES_CAPACITY,
+            "samples.gpu": _csv(VOLTA_SAMPLES_GPU),
+            "samples.memory": _csv(VOLTA_SAMPLES_MEMORY),
+            "xid_supported": 1,
+        },
+    )
+
+
+def consumer_board(i: int) -> dict[str, Any]:
+    """GPU i as a GeForce RTX 4090: see the CONSUMER_* constants."""
+    return gpu_keys(
+        i,
+        **{
+            "name": CONSUMER_NAME,
+            "uuid": board_uuid("consumer", i),
+            "pci_bus_id": board_pci_bus_id("consumer", i),
+            "memory_total": 24 * GIB,
+            "power_limit_mw": 450000,
+            "power_management_limit_mw": 450000,
+            "cuda_cc": "8.9",
+            "util_gpu": CONSUMER_SAMPLES_GPU[0],
+            "util_memory": CONSUMER_SAMPLES_MEMORY[0],
+            f"field_rc.{FI_MEMORY_TEMP}": NOT_SUPPORTED,
+            "ecc": "none",
+            "page_retirement": 0,
+            "row_remapping": 0,
+            "nvlinks": 0,
+            **{f"field.{fid}": ns for fid, ns in CONSUMER_CLOCK_EVENT_NS.items()},
+            **_pcie_keys(CONSUMER_PCIE),
+            "samples.period_ms": CONSUMER_SAMPLES_PERIOD_MS,
+            "samples.capacity": CONSUMER_SAMPLES_CAPACITY,
+            "samples.gpu": _csv(CONSUMER_SAMPLES_GPU),
+            "samples.memory": _csv(CONSUMER_SAMPLES_MEMORY),
+            "xid_supported": 0,
+        },
+    )
+
+
+def health_machine() -> dict[str, Any]:
+    """Three GPUs: 0 hopper_board, 1 volta_board, 2 consumer_board."""
+    return {
+        "count": 3,
+        "driver_version": HEALTH_DRIVER_VERSION,
+        **hopper_board(0),
+        **volta_board(1),
+        **consumer_board(2),
+    }

@@ -27,6 +27,16 @@ def test_builds_against_the_official_nvml_header(tmp_path):
         assert (out / "libnvidia-ml.so.1").stat().st_size > 0
 
 
+HEALTH_SYMBOLS = (
+    "nvmlDeviceGetFieldValues", "nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPages_v2", "nvmlDeviceGetRetiredPagesPendingStatus", "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter", "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetPcieReplayCounter", "nvmlDeviceGetViolationStatus",
+    "nvmlDeviceGetSamples",
+)
+
+
 def test_soname_and_exports(fake_libs):
     lib = fake_libs["current"] / "libnvidia-ml.so.1"
     if shutil.which("readelf") is None:
@@ -35,11 +45,13 @@ def test_soname_and_exports(fake_libs):
     assert "Library soname: [libnvidia-ml.so.1]" in dyn
     syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True, text=True).stdout
     for symbol in ("nvmlInitWithFlags", "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetTemperatureV",
-                   "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlErrorString"):
+                   "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlErrorString", *HEALTH_SYMBOLS):
         assert f" {symbol}" in syms
     old = subprocess.run(["readelf", "--dyn-syms", "-W", str(fake_libs["old"] / "libnvidia-ml.so.1")],
                          capture_output=True, text=True).stdout
     assert " nvmlDeviceGetMemoryInfo_v2" not in old and " nvmlDeviceGetMemoryInfo" in old
+    for symbol in HEALTH_SYMBOLS:  # all of them predate R535: the old driver has them too
+        assert f" {symbol}" in old
 
 
 STRICT = textwrap.dedent(
@@ -136,3 +148,432 @@ def test_nvitop_runs_against_the_fake(fake_libs, scenario):
         assert short in result.stdout
     assert f"{os.getpid()}" in result.stdout  # our PID in its process table
     assert "00000000:07:00.0" in result.stdout
+
+
+# -- health features (issue 10), in-process through the real pynvml ------------------------
+# The fake is loaded into this process once (fakenvml.load_in_process); every test points
+# $FAKE_NVML_SCENARIO at its own file, so the fake re-reads it on the next call.
+
+import ctypes
+import struct
+import time
+
+import pynvml
+
+import scenarios as sc
+from fakenvml import Scenario, load_in_process
+
+SUCCESS, INVALID_ARGUMENT, NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = 0, 2, 3, 6, 7
+DOUBLE, UINT, ULONGLONG = 0, 1, 3
+
+
+@pytest.fixture
+def nvml(fake_libs, tmp_path_factory, tmp_path, monkeypatch):
+    """nvml(values) -> handles of that machine, NVML initialised (shut down afterwards)."""
+    trace = load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    path = tmp_path / "health-scenario.txt"
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(path))
+    inited = []
+
+    def machine(values: dict) -> list:
+        Scenario(path, values)
+        if not inited:
+            pynvml.nvmlInit()
+            inited.append(True)
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    machine.trace = trace
+    yield machine
+    if inited:
+        pynvml.nvmlShutdown()
+
+
+def lib() -> ctypes.CDLL:
+    return ctypes.CDLL("libnvidia-ml.so.1")  # the fake, already loaded under that soname
+
+
+def raises(code: int, fn, *args) -> None:
+    with pytest.raises(pynvml.NVMLError) as err:
+        fn(*args)
+    assert err.value.value == code, (fn.__name__, args, err.value)
+
+
+def fields(handle, *requests) -> dict:
+    """{(id, scope): entry} through pynvml; the call itself must succeed."""
+    entries = pynvml.nvmlDeviceGetFieldValues(handle, list(requests))
+    return {(e.fieldId, e.scopeId): e for e in entries}
+
+
+def ok(entry, value_type: int):
+    assert entry.nvmlReturn == SUCCESS, (entry.fieldId, entry.scopeId, entry.nvmlReturn)
+    assert entry.valueType == value_type, (entry.fieldId, entry.valueType)
+    return {DOUBLE: entry.value.dVal, UINT: entry.value.uiVal, ULONGLONG: entry.value.ullVal}[value_type]
+
+
+def mono_us() -> int:
+    return time.monotonic_ns() // 1000  # CLOCK_MONOTONIC, the sample buffers' clock
+
+
+ALL_HEALTH_CALLS = (
+    ("nvmlDeviceGetEccMode", ()), ("nvmlDeviceGetTotalEccErrors", (0, 0)), ("nvmlDeviceGetTotalEccErrors", (1, 1)),
+    ("nvmlDeviceGetRetiredPages", (0,)), ("nvmlDeviceGetRetiredPages_v2", (1,)),
+    ("nvmlDeviceGetRetiredPagesPendingStatus", ()), ("nvmlDeviceGetRemappedRows", ()),
+    ("nvmlDeviceGetNvLinkState", (0,)), ("nvmlDeviceGetNvLinkErrorCounter", (0, 0)),
+    ("nvmlDeviceGetCurrPcieLinkGeneration", ()), ("nvmlDeviceGetMaxPcieLinkGeneration", ()),
+    ("nvmlDeviceGetGpuMaxPcieLinkGeneration", ()), ("nvmlDeviceGetCurrPcieLinkWidth", ()),
+    ("nvmlDeviceGetMaxPcieLinkWidth", ()), ("nvmlDeviceGetPcieReplayCounter", ()),
+    *(("nvmlDeviceGetViolationStatus", (p,)) for p in range(6)),
+    *(("nvmlDeviceGetSamples", (t, 0)) for t in range(1, 5)),
+)
+
+
+def test_every_health_call_is_not_supported_on_the_default_machine(nvml):
+    (h,) = nvml({})
+    for name, args in ALL_HEALTH_CALLS:
+        raises(NOT_SUPPORTED, getattr(pynvml, name), h, *args)
+    got = fields(h, 82, 74, 76, 269, 270, 271, 77, 78, 79, 197, 198, 230, 138, 139, 140, 141, (138, sc.ALL_LINKS))
+    assert {k: e.nvmlReturn for k, e in got.items()} == {k: NOT_SUPPORTED for k in got}  # overall call: SUCCESS
+    assert ok(fields(h, 91)[(91, 0)], UINT) == 0  # the link count answers, also with no links
+    # what existed before stays as it was
+    assert pynvml.nvmlDeviceGetEncoderUtilization(h) == [0, 167000]
+    assert pynvml.nvmlDeviceGetUtilizationRates(h).gpu == 0
+
+
+def test_each_health_symbol_has_an_id_for_rc_and_trace(nvml):
+    (h,) = nvml({f"rc.{name}": 15 for name in HEALTH_SYMBOLS})
+    nvml.trace.clear()
+    for name, args in ALL_HEALTH_CALLS:
+        raises(15, getattr(pynvml, name), h, *args)  # GPU_IS_LOST from the override
+    raises(15, pynvml.nvmlDeviceGetFieldValues, h, [82])
+    called = set(nvml.trace.counts())
+    assert set(HEALTH_SYMBOLS) <= called, set(HEALTH_SYMBOLS) - called
+    (h,) = nvml({"gpu.0.rc.nvmlDeviceGetEccMode": 999, "gpu.0.ecc": "on"})  # per device too
+    raises(999, pynvml.nvmlDeviceGetEccMode, h)
+    assert pynvml.nvmlDeviceGetTotalEccErrors(h, 0, 0) == 0
+
+
+def test_field_values_of_the_hopper_board(nvml):
+    h = nvml(sc.health_machine())[0]
+    clock = list(sc.HOPPER_CLOCK_EVENT_NS)
+    before = time.time_ns() // 1000
+    got = fields(h, 82, 91, *clock, 197, 198, 230, (138, 0), (139, 17), (140, 5), (141, 5),
+                 (138, sc.ALL_LINKS), (139, sc.ALL_LINKS), (138, 18), 9999)
+    after = time.time_ns() // 1000
+    assert ok(got[(82, 0)], UINT) == sc.HOPPER_MEMORY_TEMP == 54
+    assert ok(got[(91, 0)], UINT) == sc.HOPPER_NVLINKS
+    for fid, ns in sc.HOPPER_CLOCK_EVENT_NS.items():
+        assert ok(got[(fid, 0)], ULONGLONG) == ns
+    assert len(set(sc.HOPPER_CLOCK_EVENT_NS.values())) == 8  # distinct, so a mix-up shows
+    assert ok(got[(197, 0)], ULONGLONG) == sc.HOPPER_PCIE_TX_BYTES
+    assert ok(got[(198, 0)], ULONGLONG) == sc.HOPPER_PCIE_RX_BYTES
+    assert ok(got[(230, 0)], UINT) == 0
+    assert ok(got[(138, 0)], ULONGLONG) == sc.HOPPER_NVLINK_TX_KIB[0]
+    assert ok(got[(139, 17)], ULONGLONG) == sc.HOPPER_NVLINK_RX_KIB[17]
+    assert ok(got[(140, 5)], ULONGLONG) == sc.HOPPER_NVLINK_TX_KIB[5]  # RAW: the same counters
+    assert ok(got[(141, 5)], ULONGLONG) == sc.HOPPER_NVLINK_RX_KIB[5]
+    assert ok(got[(138, sc.ALL_LINKS)], ULONGLONG) == sum(sc.HOPPER_NVLINK_TX_KIB)
+    assert ok(got[(139, sc.ALL_LINKS)], ULONGLONG) == sum(sc.HOPPER_NVLINK_RX_KIB)
+    assert got[(138, 18)].nvmlReturn == INVALID_ARGUMENT  # link past the last one
+    assert got[(9999, 0)].nvmlReturn == NOT_SUPPORTED
+    for entry in got.values():  # every entry, answered or not, is stamped
+        assert before <= entry.timestamp <= after and entry.latencyUsec == 0
+
+
+def test_field_values_of_the_volta_and_consumer_boards(nvml):
+    _, volta, consumer = nvml(sc.health_machine())
+    clock = list(sc.CLOCK_EVENT_FIELDS.values())
+    got = fields(volta, 82, 91, *(fid for fid, _ in clock), 197, 198, 230, (139, 5), (139, sc.ALL_LINKS))
+    assert ok(got[(82, 0)], UINT) == sc.VOLTA_MEMORY_TEMP
+    assert ok(got[(91, 0)], UINT) == sc.VOLTA_NVLINKS
+    for fid in (*(fid for fid, _ in clock), 197, 198, 230):  # the older driver knows none of them
+        assert got[(fid, 0)].nvmlReturn == NOT_SUPPORTED, fid
+    assert ok(got[(139, 5)], ULONGLONG) == sc.VOLTA_NVLINK_RX_KIB[5]
+    assert ok(got[(139, sc.ALL_LINKS)], ULONGLONG) == sum(sc.VOLTA_NVLINK_RX_KIB)
+
+    got = fields(consumer, 82, 91, *sc.CONSUMER_CLOCK_EVENT_NS, 138, (139, sc.ALL_LINKS), 197, 230)
+    assert got[(82, 0)].nvmlReturn == NOT_SUPPORTED  # GDDR6X: the entry says so, the call succeeded
+    assert ok(got[(91, 0)], UINT) == 0
+    for fid, ns in sc.CONSUMER_CLOCK_EVENT_NS.items():
+        assert ok(got[(fid, 0)], ULONGLONG) == ns
+    for key in ((138, 0), (139, sc.ALL_LINKS), (197, 0), (230, 0)):
+        assert got[key].nvmlReturn == NOT_SUPPORTED, key
+
+
+def test_field_value_keys_scopes_types_and_returns(nvml):
+    (h,) = nvml({
+        "gpu.0.field.300": 7, "gpu.0.field.300@2": 9, "gpu.0.field.300@0xFFFFFFFF": 11,
+        "gpu.0.field_double.301": 1.5, "gpu.0.field_double.301@1": -2.25,
+        "gpu.0.field.82": 54, "gpu.0.field_type.82": 0,  # r545: written as uiVal, labelled DOUBLE
+        "gpu.0.field.302": 5, "gpu.0.field_rc.302": 4,  # the entry's own return wins
+        "gpu.0.field_type.303": 1,  # a type alone is no value
+        "gpu.0.field.305": 8, "gpu.0.field_rc.305@1": 15,
+        "gpu.0.field.306": 2**40 + 3, "gpu.0.field_type.306@4": 4,
+        "gpu.0.field.230": 2, "gpu.0.nvlinks": 2, "gpu.0.field.91": 4,  # field.91 overrides the derived count
+        "gpu.0.field_rc.138@1": 3, "gpu.0.nvlink.1.tx_kib": 77, "gpu.0.nvlink.0.tx_kib": 5,
+    })
+    got = fields(h, (300, 0), (300, 2), (300, 3), (300, sc.ALL_LINKS), (301, 0), (301, 1), 82, 302, 303,
+                 (305, 0), (305, 1), (306, 0), (306, 4), 230, 91, (138, 0), (138, 1), (138, sc.ALL_LINKS))
+    assert ok(got[(300, 0)], ULONGLONG) == 7 and ok(got[(300, 3)], ULONGLONG) == 7
+    assert ok(got[(300, 2)], ULONGLONG) == 9
+    assert ok(got[(300, sc.ALL_LINKS)], ULONGLONG) == 11
+    assert ok(got[(301, 0)], DOUBLE) == 1.5 and ok(got[(301, 1)], DOUBLE) == -2.25
+    mislabelled = got[(82, 0)]
+    assert mislabelled.nvmlReturn == SUCCESS and mislabelled.valueType == DOUBLE
+    assert mislabelled.value.uiVal == 54 and mislabelled.value.ullVal == 54  # stored as UINT, upper half 0
+    assert mislabelled.value.dVal == struct.unpack("<d", struct.pack("<Q", 54))[0]  # a denormal as a double
+    assert got[(302, 0)].nvmlReturn == 4
+    assert got[(303, 0)].nvmlReturn == NOT_SUPPORTED
+    assert ok(got[(305, 0)], ULONGLONG) == 8 and got[(305, 1)].nvmlReturn == 15
+    assert ok(got[(306, 0)], ULONGLONG) == 2**40 + 3
+    relabelled = got[(306, 4)]
+    assert relabelled.valueType == 4 and relabelled.value.ullVal == 2**40 + 3
+    assert ok(got[(230, 0)], UINT) == 2
+    assert ok(got[(91, 0)], UINT) == 4
+    assert ok(got[(138, 0)], ULONGLONG) == 5 and got[(138, 1)].nvmlReturn == NOT_SUPPORTED
+    assert ok(got[(138, sc.ALL_LINKS)], ULONGLONG) == 82
+
+
+def test_field_values_call_level_errors(nvml):
+    (h,) = nvml(sc.hopper_board(0))
+    fn = lib().nvmlDeviceGetFieldValues
+    arr = (pynvml.c_nvmlFieldValue_t * 2)()
+    arr[0].fieldId, arr[1].fieldId = 82, 9999
+    assert fn(h, ctypes.c_int(2), None) == INVALID_ARGUMENT
+    assert fn(h, ctypes.c_int(0), arr) == INVALID_ARGUMENT
+    assert fn(h, ctypes.c_int(-1), arr) == INVALID_ARGUMENT
+    assert fn(h, ctypes.c_int(1), arr) == SUCCESS  # only the first entry is touched
+    assert (arr[0].nvmlReturn, arr[0].value.uiVal, arr[1].timestamp) == (SUCCESS, 54, 0)
+    bogus = ctypes.c_void_p(12345)
+    assert fn(bogus, ctypes.c_int(2), arr) == INVALID_ARGUMENT
+
+
+def test_violation_status_is_the_older_drivers_clock_event_time(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    for policy, ns in sc.VOLTA_VIOLATION_NS.items():
+        before = time.time_ns() // 1000
+        v = pynvml.nvmlDeviceGetViolationStatus(volta, policy)
+        assert v.violationTime == ns
+        assert before <= v.referenceTime <= time.time_ns() // 1000
+    assert len(set(sc.VOLTA_VIOLATION_NS.values())) == 6
+    for policy in (10, 11):
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetViolationStatus, volta, policy)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetViolationStatus, volta, 12)
+    for h in (hopper, consumer):  # the boards whose driver answers the field ids instead
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetViolationStatus, h, 0)
+
+
+def test_ecc_mode_and_counters(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    assert pynvml.nvmlDeviceGetEccMode(hopper) == [1, 1]
+    for board, counts in ((hopper, sc.HOPPER_ECC), (volta, sc.VOLTA_ECC)):
+        for key, count in counts.items():
+            error_type, counter = key.split(".")
+            got = pynvml.nvmlDeviceGetTotalEccErrors(board, ("corrected", "uncorrected").index(error_type),
+                                                     ("volatile", "aggregate").index(counter))
+            assert got == count, key
+    assert sc.HOPPER_ECC["corrected.aggregate"] > 0 and sc.HOPPER_ECC["uncorrected.aggregate"] == 0
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetEccMode, consumer)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetTotalEccErrors, consumer, 0, 0)
+    out = ctypes.c_ulonglong()
+    assert lib().nvmlDeviceGetTotalEccErrors(hopper, ctypes.c_uint(2), ctypes.c_uint(0), ctypes.byref(out)) == INVALID_ARGUMENT
+
+    (h,) = nvml({"gpu.0.ecc": "off", "gpu.0.ecc_pending": 1, "gpu.0.ecc.corrected.volatile": 4})
+    assert pynvml.nvmlDeviceGetEccMode(h) == [0, 1]  # enabled after the next reboot
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetTotalEccErrors, h, 0, 0)  # counters need ECC on
+    (h,) = nvml({"gpu.0.ecc": "on", "gpu.0.ecc_pending": 0, "gpu.0.ecc.uncorrected.aggregate": 6})
+    assert pynvml.nvmlDeviceGetEccMode(h) == [1, 0]
+    assert pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 1) == 6 and pynvml.nvmlDeviceGetTotalEccErrors(h, 0, 0) == 0
+
+
+def test_retired_pages_and_their_size_protocol(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    assert pynvml.nvmlDeviceGetRetiredPages(volta, 0) == [1 << 36]  # one page, multiple single-bit
+    assert pynvml.nvmlDeviceGetRetiredPages(volta, 1) == []  # SUCCESS on the size query: none
+    assert pynvml.nvmlDeviceGetRetiredPages_v2(volta, 0) == [{"address": 1 << 36, "timestamp": 1700000000}]
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(volta) == sc.VOLTA_RETIRED["pending"] == 0
+    for board in (hopper, consumer):  # row-remapping / no-ECC parts
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetRetiredPages, board, 0)
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetRetiredPages_v2, board, 0)
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetRetiredPagesPendingStatus, board)
+
+    (h,) = nvml({"gpu.0.page_retirement": 1, "gpu.0.retired.double_bit": 3, "gpu.0.retired_pending": 1})
+    fn = lib().nvmlDeviceGetRetiredPages
+    count = ctypes.c_uint(0)
+    assert fn(h, ctypes.c_uint(1), ctypes.byref(count), None) == INSUFFICIENT_SIZE and count.value == 3
+    buf = (ctypes.c_ulonglong * 8)()
+    count.value = 2
+    assert fn(h, ctypes.c_uint(1), ctypes.byref(count), buf) == INSUFFICIENT_SIZE and count.value == 3
+    count.value = 8
+    assert fn(h, ctypes.c_uint(1), ctypes.byref(count), buf) == SUCCESS and count.value == 3
+    assert list(buf[:3]) == [(2 << 36) | (j << 12) for j in range(3)]
+    count.value = 0
+    assert fn(h, ctypes.c_uint(0), ctypes.byref(count), None) == SUCCESS and count.value == 0
+    assert fn(h, ctypes.c_uint(0), None, None) == INVALID_ARGUMENT
+    assert fn(h, ctypes.c_uint(2), ctypes.byref(count), None) == INVALID_ARGUMENT  # no such cause
+    count.value = 4
+    assert fn(h, ctypes.c_uint(1), ctypes.byref(count), None) == INVALID_ARGUMENT  # a size but no buffer
+    pages = pynvml.nvmlDeviceGetRetiredPages_v2(h, 1)
+    assert [p["timestamp"] for p in pages] == [1700000000, 1700000001, 1700000002]
+    assert pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h) == 1
+
+
+def test_remapped_rows(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    r = sc.HOPPER_REMAPPED
+    assert pynvml.nvmlDeviceGetRemappedRows(hopper) == (r["correctable"], r["uncorrectable"], r["pending"], r["failed"])
+    assert r["correctable"] == 2
+    for board in (volta, consumer):
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetRemappedRows, board)
+    (h,) = nvml({"gpu.0.row_remapping": 1, "gpu.0.remapped.uncorrectable": 5, "gpu.0.remap_pending": 1,
+                 "gpu.0.remap_failed": 1})
+    assert pynvml.nvmlDeviceGetRemappedRows(h) == (0, 5, 1, 1)
+
+
+def test_nvlink_state_and_error_counters(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    assert [pynvml.nvmlDeviceGetNvLinkState(hopper, link) for link in range(sc.HOPPER_NVLINKS)] == [1] * 18
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetNvLinkState, hopper, 18)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetNvLinkState, volta, sc.VOLTA_NVLINKS)
+    for link in range(sc.HOPPER_NVLINKS):
+        for counter, name in enumerate(sc.NVLINK_ERROR_COUNTERS):
+            expected = sc.HOPPER_NVLINK_ERRORS.get((link, name), 0)
+            assert pynvml.nvmlDeviceGetNvLinkErrorCounter(hopper, link, counter) == expected, (link, name)
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(volta, 2, 0) == 1
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetNvLinkErrorCounter, hopper, 0, 5)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetNvLinkErrorCounter, hopper, 18, 0)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetNvLinkState, consumer, 0)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetNvLinkErrorCounter, consumer, 0, 0)
+    (h,) = nvml({"gpu.0.nvlinks": 4, "gpu.0.nvlink.2.active": 0})
+    assert [pynvml.nvmlDeviceGetNvLinkState(h, link) for link in range(4)] == [1, 1, 0, 1]
+
+
+def test_pcie_link_and_replays(nvml):
+    boards = zip(nvml(sc.health_machine()), (sc.HOPPER_PCIE, sc.VOLTA_PCIE, sc.CONSUMER_PCIE))
+    for h, pcie in boards:
+        assert pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h) == pcie["gen"]
+        assert pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h) == pcie["gen_max"]
+        assert pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(h) == pcie["gen_max"]
+        assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(h) == pcie["width"]
+        assert pynvml.nvmlDeviceGetMaxPcieLinkWidth(h) == pcie["width_max"]
+        assert pynvml.nvmlDeviceGetPcieReplayCounter(h) == pcie["replays"]
+    assert (sc.HOPPER_PCIE["gen"], sc.HOPPER_PCIE["replays"]) == (5, 3)
+    assert (sc.CONSUMER_PCIE["width"], sc.CONSUMER_PCIE["width_max"]) == (8, 16)
+    (h,) = nvml({"gpu.0.pcie_width": 4})  # each key on its own
+    assert pynvml.nvmlDeviceGetCurrPcieLinkWidth(h) == 4
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMaxPcieLinkWidth, h)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h)
+
+
+def check_sequence(samples, period_us: int, pattern) -> None:
+    """Consecutive samples, oldest first, each on its slot, each value from the pattern."""
+    stamps = [s.timeStamp for s in samples]
+    assert all(ts % period_us == 0 for ts in stamps)
+    assert all(b - a == period_us for a, b in zip(stamps, stamps[1:])), stamps
+    assert [s.sampleValue.uiVal for s in samples] == [pattern[(ts // period_us) % len(pattern)] for ts in stamps]
+
+
+def test_samples_full_buffer_oldest_first_following_the_pattern(nvml):
+    hopper, _, consumer = nvml(sc.health_machine())
+    period = sc.HOPPER_SAMPLES_PERIOD_MS * 1000
+    before = mono_us()
+    value_type, gpu = pynvml.nvmlDeviceGetSamples(hopper, 1, 0)
+    after = mono_us()
+    assert value_type == UINT
+    assert len(gpu) == sc.HOPPER_SAMPLES_CAPACITY == 50
+    check_sequence(gpu, period, sc.HOPPER_SAMPLES_GPU)
+    assert before - period < gpu[-1].timeStamp <= after  # the newest is the latest slot, on CLOCK_MONOTONIC
+    # the integral over a full buffer (ten whole cycles of the pattern) is known exactly
+    assert sum(s.sampleValue.uiVal for s in gpu) * sc.HOPPER_SAMPLES_PERIOD_MS == 25 * 50 * 20  # 0.25 s busy in 1 s
+    _, memory = pynvml.nvmlDeviceGetSamples(hopper, 2, 0)
+    check_sequence(memory, period, sc.HOPPER_SAMPLES_MEMORY)
+    assert sum(s.sampleValue.uiVal for s in memory) == 20 * 50
+    # no pattern: the constant utilization of that engine
+    _, enc = pynvml.nvmlDeviceGetSamples(hopper, 3, 0)
+    _, dec = pynvml.nvmlDeviceGetSamples(hopper, 4, 0)
+    assert {s.sampleValue.uiVal for s in enc} == {sc.HOPPER_ENCODER_UTIL}
+    assert {s.sampleValue.uiVal for s in dec} == {sc.HOPPER_DECODER_UTIL}
+    _, flat = pynvml.nvmlDeviceGetSamples(consumer, 1, 0)
+    assert len(flat) == sc.CONSUMER_SAMPLES_CAPACITY
+    check_sequence(flat, sc.CONSUMER_SAMPLES_PERIOD_MS * 1000, sc.CONSUMER_SAMPLES_GPU)
+    for sampling_type in (0, 5, 6, 7, 8, 9):  # power, clocks, module power, JPEG, OFA
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetSamples, hopper, sampling_type, 0)
+
+
+def test_samples_newer_than_last_seen_and_not_found(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.samples.capacity": 7})
+    period = sc.HOPPER_SAMPLES_PERIOD_MS * 1000
+    _, first = pynvml.nvmlDeviceGetSamples(h, 1, 0)
+    assert len(first) == 7  # limited by the capacity
+    last_seen = first[2].timeStamp
+    _, newer = pynvml.nvmlDeviceGetSamples(h, 1, last_seen)
+    assert newer[0].timeStamp == last_seen + period and len(newer) >= 4
+    check_sequence(newer, period, sc.HOPPER_SAMPLES_GPU)
+    time.sleep(3 * period / 1e6)
+    _, later = pynvml.nvmlDeviceGetSamples(h, 1, first[-1].timeStamp)  # the next refresh
+    assert later[0].timeStamp == first[-1].timeStamp + period and len(later) >= 3
+    check_sequence([*first, *later], period, sc.HOPPER_SAMPLES_GPU)  # one unbroken sequence
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetSamples, h, 1, 2**64 - 1)
+    # nothing newer than the newest: a period of a minute makes a new slot between the calls improbable
+    (h,) = nvml({"gpu.0.samples.period_ms": 60000, "gpu.0.util_gpu": 42})
+    for _ in range(3):
+        _, got = pynvml.nvmlDeviceGetSamples(h, 1, 0)
+        assert {s.sampleValue.uiVal for s in got} == {42}
+        try:
+            pynvml.nvmlDeviceGetSamples(h, 1, got[-1].timeStamp)
+        except pynvml.NVMLError_NotFound:
+            break
+    else:
+        pytest.fail("never NOT_FOUND with lastSeen = the newest sample")
+
+
+def test_samples_two_call_protocol(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.samples.period_ms": 1000, "gpu.0.samples.capacity": 10})
+    fn = lib().nvmlDeviceGetSamples
+    value_type, count = ctypes.c_uint(99), ctypes.c_uint(0)
+    assert fn(h, ctypes.c_uint(1), ctypes.c_ulonglong(0), ctypes.byref(value_type), ctypes.byref(count), None) == SUCCESS
+    assert value_type.value == UINT
+    available = count.value
+    assert 1 <= available <= 10 and available == min(10, mono_us() // 1_000_000)
+    buf = (pynvml.c_nvmlSample_t * 10)()
+    count.value = 3
+    assert fn(h, ctypes.c_uint(1), ctypes.c_ulonglong(0), ctypes.byref(value_type), ctypes.byref(count), buf) == SUCCESS
+    assert count.value == min(3, available)
+    newest_slot = mono_us() // 1_000_000
+    assert buf[0].timeStamp // 1_000_000 in (newest_slot - available + 1, newest_slot - available + 2)  # the oldest
+    check_sequence(buf[: count.value], 1_000_000, sc.HOPPER_SAMPLES_GPU)
+    assert buf[3].timeStamp == 0  # nothing past *sampleCount
+    count.value = 0
+    assert fn(h, ctypes.c_uint(1), ctypes.c_ulonglong(0), ctypes.byref(value_type), ctypes.byref(count), buf) == INVALID_ARGUMENT
+    assert fn(h, ctypes.c_uint(1), ctypes.c_ulonglong(0), None, ctypes.byref(count), None) == INVALID_ARGUMENT
+    count.value = 5
+    rc = fn(h, ctypes.c_uint(1), ctypes.c_ulonglong(2**64 - 1), ctypes.byref(value_type), ctypes.byref(count), None)
+    assert (rc, count.value) == (NOT_FOUND, 0)
+
+
+def test_health_presets_are_distinct_boards(nvml, capfd):
+    values = sc.health_machine()
+    handles = nvml(values)
+    assert values["count"] == 3 and values["driver_version"] == sc.HEALTH_DRIVER_VERSION
+    assert pynvml.nvmlSystemGetDriverVersion() == sc.HEALTH_DRIVER_VERSION
+    names = [pynvml.nvmlDeviceGetName(h) for h in handles]
+    assert names == [sc.HOPPER_NAME, sc.VOLTA_NAME, sc.CONSUMER_NAME]
+    uuids = [pynvml.nvmlDeviceGetUUID(h) for h in handles]
+    buses = [pynvml.nvmlDeviceGetPciInfo(h).busId for h in handles]
+    assert uuids == [sc.board_uuid(b, i) for i, b in enumerate(("hopper", "volta", "consumer"))]
+    assert buses == [sc.board_pci_bus_id(b, i) for i, b in enumerate(("hopper", "volta", "consumer"))]
+    every = {sc.board_uuid(b, i) for b in ("hopper", "volta", "consumer") for i in range(8)}
+    assert len(every) == 24 and len({sc.board_pci_bus_id(b, i) for b in ("hopper", "volta", "consumer") for i in range(8)}) == 24
+    assert values["gpu.0.xid_supported"] == 1 and values["gpu.2.xid_supported"] == 0  # read by fake_events.c
+    # every key the presets write is one the fake understands (xid_supported: fake_events.c)
+    assert "ignoring unknown scenario key" not in capfd.readouterr().err
+
+
+def test_malformed_health_keys_are_reported(nvml, capfd):
+    capfd.readouterr()
+    (h,) = nvml({"gpu.0.ecc": "maybe", "gpu.0.field.abc": 1, "gpu.0.field.82@x": 1, "gpu.0.nvlink.40.tx_kib": 1,
+                 "gpu.0.samples.power": "1,2", "gpu.0.violation.12": 5, "gpu.0.nvlink.0.errors.bogus": 1})
+    err = capfd.readouterr().err
+    for key in ("ecc", "field.abc", "field.82@x", "nvlink.40.tx_kib", "samples.power", "violation.12",
+                "nvlink.0.errors.bogus"):
+        assert f"ignoring unknown scenario key gpu.0.{key}\n" in err, key
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetEccMode, h)  # a bad value leaves the default

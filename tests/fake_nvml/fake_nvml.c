@@ -13,6 +13,10 @@
  *        [-DFAKE_OLD_DRIVER] -o libnvidia-ml.so.1 fake_nvml.c -lpthread
  * FAKE_OLD_DRIVER leaves out the symbols that drivers before R535 lack
  * (MemoryInfo_v2, TemperatureV, ClocksEventReasons, *_RunningProcesses_v3).
+ *
+ * Health features (ECC, retired pages, remapped rows, NVLink, PCIe link, field values,
+ * violation time, sample buffers) follow the scenario-key contract in tests/fakenvml.py;
+ * each one answers NOT_SUPPORTED until its keys are set, so old scenarios are unchanged.
  */
 #define _GNU_SOURCE
 #ifdef FAKE_WITH_NVML_H
@@ -45,6 +49,14 @@ _Static_assert(sizeof(nvmlUtilization_t) == 8, "nvmlUtilization_t size");
 _Static_assert(sizeof(nvmlTemperature_t) == 12, "nvmlTemperature_t size");
 _Static_assert(nvmlTemperature_v1 == 0x0100000C, "nvmlTemperature_v1 version");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t size");
+/* shared/reference/nvml-extended.md sections 3-5 */
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t size");
+_Static_assert(__builtin_offsetof(nvmlFieldValue_t, timestamp) == 8, "nvmlFieldValue_t.timestamp");
+_Static_assert(__builtin_offsetof(nvmlFieldValue_t, valueType) == 24, "nvmlFieldValue_t.valueType");
+_Static_assert(__builtin_offsetof(nvmlFieldValue_t, nvmlReturn) == 28, "nvmlFieldValue_t.nvmlReturn");
+_Static_assert(__builtin_offsetof(nvmlFieldValue_t, value) == 32, "nvmlFieldValue_t.value");
+_Static_assert(sizeof(nvmlSample_t) == 16, "nvmlSample_t size");
+_Static_assert(sizeof(nvmlViolationTime_t) == 16, "nvmlViolationTime_t size");
 
 #define RC_GPU_IS_LOST 15
 
@@ -77,6 +89,14 @@ _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t size");
     X(nvmlDeviceGetDriverModel_v2) X(nvmlDeviceGetDriverModel)                           \
     X(nvmlDeviceGetConfComputeMemSizeInfo) X(nvmlDeviceGetCudaComputeCapability)         \
     X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetRunningProcessDetailList)             \
+    X(nvmlDeviceGetFieldValues) X(nvmlDeviceGetEccMode)                                  \
+    X(nvmlDeviceGetRetiredPages) X(nvmlDeviceGetRetiredPages_v2)                         \
+    X(nvmlDeviceGetRetiredPagesPendingStatus) X(nvmlDeviceGetRemappedRows)               \
+    X(nvmlDeviceGetNvLinkState) X(nvmlDeviceGetNvLinkErrorCounter)                       \
+    X(nvmlDeviceGetCurrPcieLinkGeneration) X(nvmlDeviceGetMaxPcieLinkGeneration)         \
+    X(nvmlDeviceGetGpuMaxPcieLinkGeneration) X(nvmlDeviceGetCurrPcieLinkWidth)           \
+    X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetPcieReplayCounter)                   \
+    X(nvmlDeviceGetViolationStatus) X(nvmlDeviceGetSamples)                              \
     X(nvmlEventSetCreate) X(nvmlDeviceRegisterEvents) X(nvmlDeviceGetSupportedEventTypes) \
     X(nvmlEventSetWait_v2) X(nvmlEventSetWait) X(nvmlEventSetFree)
 
@@ -101,6 +121,35 @@ typedef struct {
     unsigned long long mem;
 } fake_proc_t;
 
+/* Health features. Array sizes are the fake's own limits, not the header's. */
+#define FAKE_MAX_NVLINKS 36     /* NVML_NVLINK_MAX_LINKS in the 13.x header */
+#define FAKE_NVLINK_COUNTERS 5  /* nvmlNvLinkErrorCounter_t 0..4 */
+#define FAKE_MAX_FIELDS 128     /* distinct field.<id>[@scope] entries per GPU */
+#define FAKE_MAX_PATTERN 64     /* values of one samples.<type> pattern */
+#define FAKE_VIOLATION_POLICIES 12 /* nvmlPerfPolicyType_t 0..11 */
+#define FAKE_SAMPLE_TYPES 5     /* nvmlSamplingType_t 1..4 answer (index 0 unused) */
+#define FAKE_ALL_LINKS 0xFFFFFFFFu
+#define FIELD_NVLINK_LINK_COUNT 91
+#define FIELD_NVLINK_DATA_TX 138
+#define FIELD_NVLINK_RAW_RX 141
+
+typedef struct {
+    int active;
+    unsigned long long tx_kib, rx_kib;
+    unsigned long long errors[FAKE_NVLINK_COUNTERS];
+} fake_nvlink_t;
+
+/* One field.<id>[@<scope>] / field_double / field_type / field_rc key set. */
+typedef struct {
+    unsigned int id, scope;
+    int any_scope;         /* 1: the plain key (every scope) */
+    int kind;              /* 0 no value, 1 integer, 2 double */
+    int type;              /* UNSET or the reported valueType (field_type) */
+    int rc;                /* UNSET or the entry's own nvmlReturn (field_rc) */
+    unsigned long long u;
+    double d;
+} fake_field_t;
+
 typedef struct {
     char name[96], uuid[96], pci_bus_id[32], serial[32];
     unsigned long long mem_total, mem_used, mem_reserved;
@@ -115,6 +164,24 @@ typedef struct {
     int cc_major, cc_minor;
     int n_compute, n_graphics;
     fake_proc_t compute[MAX_PROCS], graphics[MAX_PROCS];
+    /* ECC: ecc -1 none, 0 off, 1 on; ecc_count[errorType][counterType] */
+    int ecc, ecc_pending;
+    unsigned long long ecc_count[2][2];
+    int page_retirement, retired_pending;
+    unsigned int retired[2]; /* nvmlPageRetirementCause_t 0 / 1 */
+    int row_remapping;
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failed;
+    int nvlinks;
+    fake_nvlink_t nvlink[FAKE_MAX_NVLINKS];
+    long long pcie_gen, pcie_gen_max, pcie_width, pcie_width_max, pcie_replays; /* UNSET: not supported */
+    int n_fields;
+    fake_field_t fields[FAKE_MAX_FIELDS];
+    int violation_set[FAKE_VIOLATION_POLICIES];
+    unsigned long long violation_ns[FAKE_VIOLATION_POLICIES];
+    long long samples_period_ms; /* <= 0: nvmlDeviceGetSamples not supported */
+    long long samples_capacity;
+    int pattern_len[FAKE_SAMPLE_TYPES];
+    unsigned int pattern[FAKE_SAMPLE_TYPES][FAKE_MAX_PATTERN];
     int rc_all;
     int rc[FN_COUNT];
     int delay_ms[FN_COUNT];
@@ -176,6 +243,12 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->supported_reasons = 0x1ff;
     gp->cc_major = 9;
     gp->cc_minor = 0;
+    gp->ecc = -1;
+    gp->ecc_pending = UNSET;
+    for (int l = 0; l < FAKE_MAX_NVLINKS; l++) gp->nvlink[l].active = 1;
+    gp->pcie_gen = gp->pcie_gen_max = gp->pcie_width = gp->pcie_width_max = gp->pcie_replays = UNSET;
+    gp->samples_period_ms = UNSET;
+    gp->samples_capacity = 100;
     gp->rc_all = UNSET;
     for (int f = 0; f < FN_COUNT; f++) {
         gp->rc[f] = UNSET;
@@ -245,6 +318,153 @@ static int parse_override(const char *key, const char *val, int *rc, int *delay)
     return 0;
 }
 
+/* ---- health keys (tests/fakenvml.py documents them) ---- */
+
+static int name_index(const char *s, const char *const *names, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
+static const char *const nvlink_counter_names[FAKE_NVLINK_COUNTERS] = {"replay", "recovery", "crc_flit", "crc_data",
+                                                                       "ecc_data"};
+/* samples.<type>: index = nvmlSamplingType_t */
+static const char *const sample_type_names[FAKE_SAMPLE_TYPES] = {"", "gpu", "memory", "encoder", "decoder"};
+
+/* The entry for field <id> at <scope> (any_scope: the plain key); created when missing. */
+static fake_field_t *field_slot(fake_gpu_t *gp, unsigned int id, int any_scope, unsigned int scope) {
+    for (int i = 0; i < gp->n_fields; i++) {
+        fake_field_t *f = &gp->fields[i];
+        if (f->id == id && f->any_scope == any_scope && (any_scope || f->scope == scope)) return f;
+    }
+    if (gp->n_fields >= FAKE_MAX_FIELDS) return NULL;
+    fake_field_t *f = &gp->fields[gp->n_fields++];
+    memset(f, 0, sizeof(*f));
+    f->id = id;
+    f->scope = scope;
+    f->any_scope = any_scope;
+    f->type = UNSET;
+    f->rc = UNSET;
+    return f;
+}
+
+/* "<id>" or "<id>@<scope>" after a field*. prefix */
+static fake_field_t *field_key(fake_gpu_t *gp, const char *spec) {
+    char *end;
+    unsigned long id = strtoul(spec, &end, 10);
+    if (end == spec) return NULL;
+    if (*end == '\0') return field_slot(gp, (unsigned int)id, 1, 0);
+    if (*end != '@') return NULL;
+    const char *s = end + 1;
+    unsigned long long scope = strtoull(s, &end, 0);
+    if (end == s || *end != '\0' || scope > 0xFFFFFFFFULL) return NULL;
+    return field_slot(gp, (unsigned int)id, 0, (unsigned int)scope);
+}
+
+/* "v0,v1,..." -> count */
+static int parse_pattern(const char *v, unsigned int *out) {
+    int n = 0;
+    const char *p = v;
+    while (*p && n < FAKE_MAX_PATTERN) {
+        char *end;
+        unsigned long x = strtoul(p, &end, 0);
+        if (end == p) break;
+        out[n++] = (unsigned int)x;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return n;
+}
+
+/* 1 when k is a health key (handled, or malformed and warned about) */
+static int parse_health_key(fake_gpu_t *gp, const char *k, const char *v, const char *full) {
+    if (strcmp(k, "ecc") == 0) {
+        if (strcmp(v, "none") == 0) gp->ecc = -1;
+        else if (strcmp(v, "on") == 0) gp->ecc = 1;
+        else if (strcmp(v, "off") == 0) gp->ecc = 0;
+        else warn_key(full);
+    } else if (strcmp(k, "ecc_pending") == 0) gp->ecc_pending = num(v) ? 1 : 0;
+    else if (strncmp(k, "ecc.", 4) == 0) {
+        static const char *const types[2] = {"corrected", "uncorrected"}, *const counters[2] = {"volatile", "aggregate"};
+        char a[32], b[32];
+        int t = -1, c = -1;
+        if (sscanf(k + 4, "%31[^.].%31s", a, b) == 2) {
+            t = name_index(a, types, 2);
+            c = name_index(b, counters, 2);
+        }
+        if (t < 0 || c < 0) warn_key(full);
+        else gp->ecc_count[t][c] = num(v);
+    } else if (strcmp(k, "page_retirement") == 0) gp->page_retirement = num(v) ? 1 : 0;
+    else if (strcmp(k, "retired.multiple_single_bit") == 0) gp->retired[0] = (unsigned int)num(v);
+    else if (strcmp(k, "retired.double_bit") == 0) gp->retired[1] = (unsigned int)num(v);
+    else if (strcmp(k, "retired_pending") == 0) gp->retired_pending = num(v) ? 1 : 0;
+    else if (strcmp(k, "row_remapping") == 0) gp->row_remapping = num(v) ? 1 : 0;
+    else if (strcmp(k, "remapped.correctable") == 0) gp->remap_corr = (unsigned int)num(v);
+    else if (strcmp(k, "remapped.uncorrectable") == 0) gp->remap_unc = (unsigned int)num(v);
+    else if (strcmp(k, "remap_pending") == 0) gp->remap_pending = num(v) ? 1 : 0;
+    else if (strcmp(k, "remap_failed") == 0) gp->remap_failed = num(v) ? 1 : 0;
+    else if (strcmp(k, "nvlinks") == 0) {
+        unsigned long long n = num(v);
+        if (n > FAKE_MAX_NVLINKS) warn_key(full);
+        gp->nvlinks = n > FAKE_MAX_NVLINKS ? FAKE_MAX_NVLINKS : (int)n;
+    } else if (strncmp(k, "nvlink.", 7) == 0) {
+        char *end;
+        unsigned long l = strtoul(k + 7, &end, 10);
+        if (end == k + 7 || *end != '.' || l >= FAKE_MAX_NVLINKS) {
+            warn_key(full);
+            return 1;
+        }
+        fake_nvlink_t *lk = &gp->nvlink[l];
+        const char *what = end + 1;
+        int c;
+        if (strcmp(what, "active") == 0) lk->active = num(v) ? 1 : 0;
+        else if (strcmp(what, "tx_kib") == 0) lk->tx_kib = num(v);
+        else if (strcmp(what, "rx_kib") == 0) lk->rx_kib = num(v);
+        else if (strncmp(what, "errors.", 7) == 0 &&
+                 (c = name_index(what + 7, nvlink_counter_names, FAKE_NVLINK_COUNTERS)) >= 0)
+            lk->errors[c] = num(v);
+        else warn_key(full);
+    } else if (strcmp(k, "pcie_gen") == 0) gp->pcie_gen = (long long)num(v);
+    else if (strcmp(k, "pcie_gen_max") == 0) gp->pcie_gen_max = (long long)num(v);
+    else if (strcmp(k, "pcie_width") == 0) gp->pcie_width = (long long)num(v);
+    else if (strcmp(k, "pcie_width_max") == 0) gp->pcie_width_max = (long long)num(v);
+    else if (strcmp(k, "pcie_replays") == 0) gp->pcie_replays = (long long)num(v);
+    else if (strncmp(k, "field.", 6) == 0 || strncmp(k, "field_double.", 13) == 0 ||
+             strncmp(k, "field_type.", 11) == 0 || strncmp(k, "field_rc.", 9) == 0) {
+        const char *dot = strchr(k, '.');
+        fake_field_t *f = field_key(gp, dot + 1);
+        if (!f) {
+            warn_key(full);
+            return 1;
+        }
+        size_t prefix = (size_t)(dot - k);
+        if (prefix == 5) { /* field */
+            f->kind = 1;
+            f->u = num(v);
+        } else if (prefix == 12) { /* field_double */
+            f->kind = 2;
+            f->d = strtod(v, NULL);
+        } else if (prefix == 10) f->type = (int)num(v); /* field_type */
+        else f->rc = (int)num(v);                        /* field_rc */
+    } else if (strncmp(k, "violation.", 10) == 0) {
+        char *end;
+        unsigned long p = strtoul(k + 10, &end, 10);
+        if (end == k + 10 || *end != '\0' || p >= FAKE_VIOLATION_POLICIES) {
+            warn_key(full);
+            return 1;
+        }
+        gp->violation_set[p] = 1;
+        gp->violation_ns[p] = num(v);
+    } else if (strcmp(k, "samples.period_ms") == 0) gp->samples_period_ms = (long long)num(v);
+    else if (strcmp(k, "samples.capacity") == 0) gp->samples_capacity = (long long)num(v);
+    else if (strncmp(k, "samples.", 8) == 0) {
+        int t = name_index(k + 8, sample_type_names, FAKE_SAMPLE_TYPES);
+        if (t <= 0) warn_key(full);
+        else gp->pattern_len[t] = parse_pattern(v, gp->pattern[t]);
+    } else return 0;
+    return 1;
+}
+
 static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const char *full) {
     if (strcmp(k, "name") == 0) copy(gp->name, sizeof gp->name, v);
     else if (strcmp(k, "uuid") == 0) copy(gp->uuid, sizeof gp->uuid, v);
@@ -271,6 +491,7 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
     else if (strcmp(k, "processes") == 0) gp->n_compute = parse_procs(v, gp->compute);
     else if (strcmp(k, "graphics_processes") == 0) gp->n_graphics = parse_procs(v, gp->graphics);
     else if (strcmp(k, "rc.all") == 0) gp->rc_all = (int)num(v);
+    else if (parse_health_key(gp, k, v, full)) {}
     else if (strncmp(k, "clock.", 6) == 0 || strncmp(k, "max_clock.", 10) == 0) {
         int is_max = k[0] == 'm';
         const char *which = strchr(k, '.') + 1;
@@ -815,16 +1036,6 @@ ENUM_GETTER(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, 1)
 ENUM_GETTER(nvmlDeviceGetDisplayActive, nvmlEnableState_t, 0)
 ENUM_GETTER(nvmlDeviceGetDisplayMode, nvmlEnableState_t, 0)
 
-EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
-                                                nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
-    DEV_ENTER(nvmlDeviceGetTotalEccErrors);
-    (void)errorType;
-    (void)counterType;
-    if (!eccCounts) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *eccCounts = 0;
-    return leave(NVML_SUCCESS);
-}
-
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
     DEV_ENTER(nvmlDeviceGetMigMode);
     (void)currentMode;
@@ -880,6 +1091,270 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, n
     DEV_ENTER(nvmlDeviceGetRunningProcessDetailList);
     (void)plist;
     return leave(NVML_ERROR_NOT_SUPPORTED);
+}
+
+/* ---- health: ECC, retired pages, remapped rows ---- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending) {
+    DEV_ENTER(nvmlDeviceGetEccMode);
+    if (!current || !pending) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gp->ecc < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *current = (nvmlEnableState_t)gp->ecc;
+    *pending = (nvmlEnableState_t)(gp->ecc_pending == UNSET ? gp->ecc : gp->ecc_pending);
+    return leave(NVML_SUCCESS);
+}
+
+/* Counters answer only while ECC is on (a board without ECC, or with it off: NOT_SUPPORTED). */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
+                                                nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
+    DEV_ENTER(nvmlDeviceGetTotalEccErrors);
+    if (!eccCounts || (unsigned int)errorType > 1 || (unsigned int)counterType > 1)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gp->ecc != 1) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *eccCounts = gp->ecc_count[errorType][counterType];
+    return leave(NVML_SUCCESS);
+}
+
+/* Page j retired for cause c: address ((c + 1) << 36) | (j << 12), timestamp 1700000000 + j. */
+static nvmlReturn_t retired_pages(const fake_gpu_t *gp, nvmlPageRetirementCause_t cause, unsigned int *pageCount,
+                                  unsigned long long *addresses, unsigned long long *timestamps, int v2) {
+    if (!pageCount || (unsigned int)cause > 1) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gp->page_retirement) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = gp->retired[cause];
+    if (*pageCount == 0 && !addresses) { /* the size query */
+        *pageCount = n;
+        return n == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (*pageCount < n) {
+        *pageCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (!addresses || (v2 && !timestamps)) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int j = 0; j < n; j++) {
+        addresses[j] = ((unsigned long long)cause + 1) << 36 | (unsigned long long)j << 12;
+        if (v2) timestamps[j] = 1700000000ULL + j;
+    }
+    *pageCount = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                              unsigned int *pageCount, unsigned long long *addresses) {
+    DEV_ENTER(nvmlDeviceGetRetiredPages);
+    return leave(retired_pages(gp, cause, pageCount, addresses, NULL, 0));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRetirementCause_t cause,
+                                                 unsigned int *pageCount, unsigned long long *addresses,
+                                                 unsigned long long *timestamps) {
+    DEV_ENTER(nvmlDeviceGetRetiredPages_v2);
+    return leave(retired_pages(gp, cause, pageCount, addresses, timestamps, 1));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
+    DEV_ENTER(nvmlDeviceGetRetiredPagesPendingStatus);
+    if (!isPending) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->page_retirement) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *isPending = (nvmlEnableState_t)gp->retired_pending;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
+                                              unsigned int *isPending, unsigned int *failureOccurred) {
+    DEV_ENTER(nvmlDeviceGetRemappedRows);
+    if (!corrRows || !uncRows || !isPending || !failureOccurred) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->row_remapping) return leave(NVML_ERROR_NOT_SUPPORTED);
+    *corrRows = gp->remap_corr;
+    *uncRows = gp->remap_unc;
+    *isPending = gp->remap_pending;
+    *failureOccurred = gp->remap_failed;
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- health: NVLink, PCIe link ---- */
+
+/* NOT_SUPPORTED without links, INVALID_ARGUMENT for a link past the last one */
+static nvmlReturn_t nvlink_check(const fake_gpu_t *gp, unsigned int link) {
+    if (gp->nvlinks <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    return link >= (unsigned int)gp->nvlinks ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
+    DEV_ENTER(nvmlDeviceGetNvLinkState);
+    if (!isActive) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t rc = nvlink_check(gp, link);
+    if (rc == NVML_SUCCESS) *isActive = (nvmlEnableState_t)gp->nvlink[link].active;
+    return leave(rc);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                    nvmlNvLinkErrorCounter_t counter, unsigned long long *counterValue) {
+    DEV_ENTER(nvmlDeviceGetNvLinkErrorCounter);
+    if (!counterValue) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    nvmlReturn_t rc = nvlink_check(gp, link);
+    if (rc == NVML_SUCCESS && (unsigned int)counter >= FAKE_NVLINK_COUNTERS) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) *counterValue = gp->nvlink[link].errors[counter];
+    return leave(rc);
+}
+
+/* Each PCIe key unset: that call NOT_SUPPORTED. */
+#define OPT_UINT_GETTER(fn, field)                                                  \
+    EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {                \
+        DEV_ENTER(fn);                                                              \
+        if (!out) return leave(NVML_ERROR_INVALID_ARGUMENT);                        \
+        if (gp->field == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);             \
+        *out = (unsigned int)gp->field;                                             \
+        return leave(NVML_SUCCESS);                                                 \
+    }
+
+OPT_UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
+OPT_UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, pcie_gen_max)
+OPT_UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, pcie_gen_max)
+OPT_UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, pcie_width)
+OPT_UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_width_max)
+OPT_UINT_GETTER(nvmlDeviceGetPcieReplayCounter, pcie_replays)
+
+/* ---- health: field values, violation time ---- */
+
+static unsigned long long clock_us(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
+/* The id's natural type: how an integer field.<id> is stored and labelled. */
+static int field_natural_type(unsigned int id) {
+    return id == 82 || id == FIELD_NVLINK_LINK_COUNT || id == 230 ? NVML_VALUE_TYPE_UNSIGNED_INT
+                                                                   : NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+}
+
+static const fake_field_t *field_find(const fake_gpu_t *gp, unsigned int id, int any_scope, unsigned int scope) {
+    for (int i = 0; i < gp->n_fields; i++) {
+        const fake_field_t *f = &gp->fields[i];
+        if (f->id == id && f->any_scope == any_scope && (any_scope || f->scope == scope)) return f;
+    }
+    return NULL;
+}
+
+/* NVLink throughput (138/139 DATA, 140/141 RAW; even ids TX, odd RX) from the nvlink keys. */
+static nvmlReturn_t nvlink_throughput(const fake_gpu_t *gp, unsigned int id, unsigned int scope,
+                                      unsigned long long *out) {
+    if (gp->nvlinks <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    int rx = (id - FIELD_NVLINK_DATA_TX) % 2;
+    if (scope == FAKE_ALL_LINKS) {
+        unsigned long long sum = 0;
+        for (int l = 0; l < gp->nvlinks; l++) sum += rx ? gp->nvlink[l].rx_kib : gp->nvlink[l].tx_kib;
+        *out = sum;
+        return NVML_SUCCESS;
+    }
+    if (scope >= (unsigned int)gp->nvlinks) return NVML_ERROR_INVALID_ARGUMENT;
+    *out = rx ? gp->nvlink[scope].rx_kib : gp->nvlink[scope].tx_kib;
+    return NVML_SUCCESS;
+}
+
+/* Fill one entry: the scoped key wins over the plain one, attribute by attribute. */
+static void field_fill(const fake_gpu_t *gp, nvmlFieldValue_t *e, long long now_us) {
+    const fake_field_t *sc = field_find(gp, e->fieldId, 0, e->scopeId), *pl = field_find(gp, e->fieldId, 1, 0);
+    const fake_field_t *val = sc && sc->kind ? sc : (pl && pl->kind ? pl : NULL);
+    int rc = sc && sc->rc != UNSET ? sc->rc : (pl && pl->rc != UNSET ? pl->rc : UNSET);
+    int type = sc && sc->type != UNSET ? sc->type : (pl && pl->type != UNSET ? pl->type : UNSET);
+    int natural = field_natural_type(e->fieldId);
+    nvmlReturn_t entry_rc = NVML_SUCCESS;
+    int stored = natural;
+    unsigned long long u = 0;
+    double d = 0.0;
+
+    e->timestamp = now_us;
+    e->latencyUsec = 0;
+    memset(&e->value, 0, sizeof(e->value));
+    if (val && val->kind == 2) {
+        stored = NVML_VALUE_TYPE_DOUBLE;
+        d = val->d;
+    } else if (val) {
+        u = val->u;
+    } else if (e->fieldId == FIELD_NVLINK_LINK_COUNT) {
+        u = (unsigned long long)gp->nvlinks;
+    } else if (e->fieldId >= FIELD_NVLINK_DATA_TX && e->fieldId <= FIELD_NVLINK_RAW_RX) {
+        entry_rc = nvlink_throughput(gp, e->fieldId, e->scopeId, &u);
+    } else {
+        entry_rc = NVML_ERROR_NOT_SUPPORTED; /* nothing known about this id */
+    }
+    if (rc != UNSET) entry_rc = rc; /* field_rc.<id>: the entry's own return, whatever else is set */
+    e->valueType = (nvmlValueType_t)(type != UNSET ? type : stored);
+    e->nvmlReturn = entry_rc;
+    if (entry_rc != NVML_SUCCESS) return; /* the value stays undefined (zero here) */
+    if (stored == NVML_VALUE_TYPE_DOUBLE) e->value.dVal = d;
+    else if (stored == NVML_VALUE_TYPE_UNSIGNED_INT) e->value.uiVal = (unsigned int)u;
+    else e->value.ullVal = u;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values) {
+    DEV_ENTER(nvmlDeviceGetFieldValues);
+    if (!values || valuesCount <= 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    long long now = (long long)clock_us(CLOCK_REALTIME);
+    for (int i = 0; i < valuesCount; i++) field_fill(gp, &values[i], now);
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetViolationStatus(nvmlDevice_t device, nvmlPerfPolicyType_t perfPolicyType,
+                                                 nvmlViolationTime_t *violTime) {
+    DEV_ENTER(nvmlDeviceGetViolationStatus);
+    unsigned int p = (unsigned int)perfPolicyType;
+    if (!violTime || p >= FAKE_VIOLATION_POLICIES) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->violation_set[p]) return leave(NVML_ERROR_NOT_SUPPORTED);
+    violTime->referenceTime = clock_us(CLOCK_REALTIME);
+    violTime->violationTime = gp->violation_ns[p];
+    return leave(NVML_SUCCESS);
+}
+
+/* ---- health: utilization sample buffers ----
+ * Sample k (k >= 0) has timeStamp k * period µs on CLOCK_MONOTONIC and value pattern[k mod len];
+ * the ring holds the latest `capacity` samples with timeStamp <= now. */
+
+static unsigned int sample_value(const fake_gpu_t *gp, int type, unsigned long long k) {
+    int n = gp->pattern_len[type];
+    if (n > 0) return gp->pattern[type][k % (unsigned long long)n];
+    switch (type) {
+    case 1: return gp->util_gpu;
+    case 2: return gp->util_mem;
+    case 3: return gp->enc_util;
+    default: return gp->dec_util;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t type,
+                                         unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType,
+                                         unsigned int *sampleCount, nvmlSample_t *samples) {
+    DEV_ENTER(nvmlDeviceGetSamples);
+    if (!sampleValType || !sampleCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int t = (unsigned int)type;
+    if (gp->samples_period_ms <= 0 || t < 1 || t >= FAKE_SAMPLE_TYPES) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned long long period = (unsigned long long)gp->samples_period_ms * 1000ULL;
+    unsigned long long cap = gp->samples_capacity > 0 ? (unsigned long long)gp->samples_capacity : 0;
+    unsigned long long newest = clock_us(CLOCK_MONOTONIC) / period;      /* the last k with ts <= now */
+    unsigned long long first = newest + 1 >= cap ? newest + 1 - cap : 0;  /* the oldest k still held */
+    unsigned long long after = lastSeenTimeStamp / period + 1;           /* the first k with ts > lastSeen */
+    if (after > first) first = after;
+    unsigned long long avail = cap > 0 && first <= newest ? newest - first + 1 : 0;
+    *sampleValType = (nvmlValueType_t)NVML_VALUE_TYPE_UNSIGNED_INT;
+    if (avail == 0) {
+        *sampleCount = 0;
+        return leave(NVML_ERROR_NOT_FOUND);
+    }
+    if (!samples) {
+        *sampleCount = (unsigned int)avail;
+        return leave(NVML_SUCCESS);
+    }
+    if (*sampleCount == 0) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned long long n = *sampleCount < avail ? *sampleCount : avail;
+    for (unsigned long long i = 0; i < n; i++) {
+        unsigned long long k = first + i;
+        memset(&samples[i], 0, sizeof(samples[i]));
+        samples[i].timeStamp = k * period;
+        samples[i].sampleValue.uiVal = sample_value(gp, (int)t, k);
+    }
+    *sampleCount = (unsigned int)n;
+    return leave(NVML_SUCCESS);
 }
 
 /* ---- event sets (XID) ---- */

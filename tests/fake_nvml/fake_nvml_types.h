@@ -17,6 +17,11 @@ typedef int nvmlEccCounterType_t;
 typedef int nvmlDriverModel_t;
 typedef int nvmlPcieUtilCounter_t;
 typedef int nvmlBrandType_t;
+typedef int nvmlValueType_t;
+typedef int nvmlSamplingType_t;
+typedef int nvmlPerfPolicyType_t;
+typedef int nvmlPageRetirementCause_t;
+typedef int nvmlNvLinkErrorCounter_t;
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
@@ -26,6 +31,10 @@ typedef int nvmlBrandType_t;
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
+
+#define NVML_VALUE_TYPE_DOUBLE 0
+#define NVML_VALUE_TYPE_UNSIGNED_INT 1
+#define NVML_VALUE_TYPE_UNSIGNED_LONG_LONG 3
 
 typedef struct nvmlPciInfo_st {
     char busIdLegacy[16];
@@ -93,5 +102,36 @@ typedef struct nvmlConfComputeMemSizeInfo_st {
 } nvmlConfComputeMemSizeInfo_t;
 
 typedef struct nvmlProcessDetailList_st nvmlProcessDetailList_t; /* opaque here */
+
+/* Field values, sample buffers, violation time (shared/reference/nvml-extended.md 3-5). */
+typedef union nvmlValue_st {
+    double dVal;
+    int siVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct nvmlFieldValue_st {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    nvmlValueType_t valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct nvmlSample_st {
+    unsigned long long timeStamp;
+    nvmlValue_t sampleValue;
+} nvmlSample_t;
+
+typedef struct nvmlViolationTime_st {
+    unsigned long long referenceTime;
+    unsigned long long violationTime;
+} nvmlViolationTime_t;
 
 #endif
