@@ -95,6 +95,19 @@ def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
 VRAM_RATIO = f"1 - resmon_gpu_memory_free_bytes{{{GSEL}}} / resmon_gpu_memory_total_bytes{{{GSEL}}}"
 THROTTLING = (f'sum by (job, instance, gpu, uuid) (resmon_gpu_throttle_active{{{GSEL}, '
               f'reason!~"gpu_idle|applications_clocks_setting|display_clock_setting"}})')
+GPU_BY = "job, instance, gpu, uuid"
+XIDS = f"resmon_gpu_xid_errors_total{{{GSEL}}}"
+# XID events in the last 24 hours. A series appears at its first event, so increase() alone
+# misses that event: for a series that already existed a day ago, increase() (reset-safe, for
+# exporter restarts); for one that appeared since, its whole count.
+XIDS_24H = f"sum by ({GPU_BY}) (round(increase({XIDS}[1d]) and {XIDS} offset 1d) or {XIDS})"
+RECOVERY_ACTIONS = {"0": ("none", "green"), "1": ("GPU reset", "red"), "2": ("node reboot", "red"),
+                    "3": ("drain P2P", "orange"), "4": ("drain and reset", "red")}
+
+
+def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"type": "value", "options": {v: {"text": text, "color": color, "index": i}
+                                          for i, (v, (text, color)) in enumerate(texts.items())}}]
 
 
 def fleet() -> dict[str, Any]:
@@ -124,20 +137,36 @@ def fleet() -> dict[str, Any]:
         target(f"resmon_gpu_power_limit_watts{{{GSEL}}}", "", "F", instant=True, table=True),
         target(THROTTLING, "", "G", instant=True, table=True),
         target(f"resmon_gpu_up{{{GSEL}}}", "", "H", instant=True, table=True),
+        target(XIDS_24H, "", "I", instant=True, table=True),
+        target(f'sum by ({GPU_BY}) (resmon_gpu_ecc_errors_total{{{GSEL}, type="uncorrected", scope="volatile"}})',
+               "", "J", instant=True, table=True),
+        target(f"max by ({GPU_BY}) "
+               f"(resmon_gpu_row_remap_pending{{{GSEL}}} or resmon_gpu_retired_pages_pending{{{GSEL}}})",
+               "", "K", instant=True, table=True),
+        target(f"resmon_gpu_recovery_action{{{GSEL}}}", "", "L", instant=True, table=True),
     ], description="One row per GPU: VRAM in use (including driver-reserved) as a share of total, utilization, "
-                   "temperature, power against its limit, active throttle reasons, up.")
+                   "temperature, power against its limit, active throttle reasons, up; health: XID events in the "
+                   "last 24 hours (empty: none since the exporter started, or the GPU reports none), uncorrectable "
+                   "ECC errors since the driver loaded, a row remap or page retirement waiting for a reset, and the "
+                   "recovery action the driver asks for.")
     table["transformations"] = [
         {"id": "merge", "options": {}},
         {"id": "organize", "options": {
             "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "backend": True},
             "renameByName": {"Value #B": "VRAM used", "Value #C": "Utilization", "Value #D": "Temperature",
                              "Value #E": "Power", "Value #F": "Power limit", "Value #G": "Throttle reasons",
-                             "Value #H": "Up"}}},
+                             "Value #H": "Up", "Value #I": "XIDs (24h)", "Value #J": "Uncorrectable ECC",
+                             "Value #K": "Reset pending", "Value #L": "Recovery action"}}},
     ]
     table["fieldConfig"]["overrides"] = [
         {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
         for name, unit in (("VRAM used", "percentunit"), ("Utilization", "percentunit"), ("Temperature", "celsius"),
                            ("Power", "watt"), ("Power limit", "watt"))
+    ] + [
+        {"matcher": {"id": "byName", "options": "Reset pending"},
+         "properties": [{"id": "mappings", "value": value_map({"0": ("no", "green"), "1": ("yes", "orange")})}]},
+        {"matcher": {"id": "byName", "options": "Recovery action"},
+         "properties": [{"id": "mappings", "value": value_map(RECOVERY_ACTIONS)}]},
     ]
     lay.add(table, 24, 9)
     lay.add(panel("bargauge", "VRAM pressure", [target(VRAM_RATIO, GPU_LEGEND, instant=True)], "percentunit",
@@ -164,9 +193,17 @@ def node() -> dict[str, Any]:
     lay.add(ts("Utilization", [
         (f"resmon_gpu_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " compute"),
         (f"resmon_gpu_memory_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " memory bandwidth"),
-    ], "percentunit", min=0, max=1), 12, 8)
+        (f"rate(resmon_gpu_busy_seconds_total{{{GSEL}}}[$__rate_interval])", GPU_LEGEND + " {{engine}} busy"),
+        (f"resmon_gpu_encoder_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " encoder"),
+        (f"resmon_gpu_decoder_utilization_ratio{{{GSEL}}}", GPU_LEGEND + " decoder"),
+    ], "percentunit", min=0, max=1,
+       description="The gauges are the driver's latest sample period; 'busy' is the busy time between Prometheus "
+                   "samples, from the driver's sample buffers, so short bursts are not lost."), 12, 8)
     lay.row("Power and thermals")
-    lay.add(ts("Temperature", [(f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND)], "celsius"), 8, 8)
+    lay.add(ts("Temperature", [
+        (f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND),
+        (f"resmon_gpu_memory_temperature_celsius{{{GSEL}}}", GPU_LEGEND + " memory"),
+    ], "celsius", description="Memory temperature on HBM boards only."), 8, 8)
     lay.add(ts("Power", [
         (f"resmon_gpu_power_watts{{{GSEL}}}", GPU_LEGEND + " draw"),
         (f"resmon_gpu_power_limit_watts{{{GSEL}}}", GPU_LEGEND + " limit"),
@@ -191,6 +228,76 @@ def node() -> dict[str, Any]:
                      mappings=[{"type": "value", "options": {"0": {"text": "off"}, "1": {"text": "active"}}}])
     timeline["options"] = {"showValue": "never", "mergeValues": True, "rowHeight": 0.9, "legend": {"showLegend": False}}
     lay.add(timeline, 12, 8)
+    lay.row("Health")
+    lay.add(ts("XID events", [(f"{XIDS}", GPU_LEGEND + " XID {{xid}}")], "short", min=0,
+               description="Events per XID code since the exporter started; a series starts at its first event. "
+                           "Hardware XIDs (48, 62, 64, 74, 79, 95, 119, 120) page; application XIDs (13, 31, 43) "
+                           "are the program's fault."), 12, 8)
+    latest = panel("table", "Latest XIDs", [
+        target(XIDS, "", "A", instant=True, table=True),
+        target(f"resmon_gpu_xid_last_timestamp_seconds{{{GSEL}}} * 1000", "", "B", instant=True, table=True),
+    ], description="Every XID code each GPU has reported since the exporter started, with the time of its latest "
+                   "event.")
+    latest["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "__name__": True, "job": True},
+            "renameByName": {"Value #A": "Events", "Value #B": "Latest"}}},
+    ]
+    latest["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": "Latest"}, "properties": [{"id": "unit", "value": "dateTimeAsIso"}]},
+    ]
+    lay.add(latest, 12, 8)
+    lay.add(ts("ECC errors", [(f"resmon_gpu_ecc_errors_total{{{GSEL}}}", GPU_LEGEND + " {{type}} {{scope}}")], "short",
+               min=0, description="volatile: since the driver loaded; aggregate: over the board's life. Uncorrected "
+                                  "errors page; corrected ones are repaired in place."), 8, 8)
+    lay.add(ts("Memory repair", [
+        (f"resmon_gpu_remapped_rows{{{GSEL}}}", GPU_LEGEND + " remapped rows {{cause}}"),
+        (f"resmon_gpu_retired_pages{{{GSEL}}}", GPU_LEGEND + " retired pages {{cause}}"),
+    ], "short", min=0, description="Row remapping on Ampere and newer, page retirement before it."), 8, 8)
+    pending = panel("state-timeline", "Reset needed", [
+        target(f"resmon_gpu_row_remap_pending{{{GSEL}}}", "GPU {{gpu}} row remap pending", "A"),
+        target(f"resmon_gpu_retired_pages_pending{{{GSEL}}}", "GPU {{gpu}} page retirement pending", "B"),
+        target(f"resmon_gpu_row_remap_failed{{{GSEL}}}", "GPU {{gpu}} row remap failed", "C"),
+        target(f"resmon_gpu_recovery_action{{{GSEL}}}", "GPU {{gpu}} recovery action", "D"),
+    ], "none", description="A pending remap or retirement applies at the next GPU reset; a failed remap means RMA; "
+                           "the recovery action is what the driver asks for.",
+        thresholds=thresholds((None, "green"), (1, "orange")),
+        mappings=value_map({"0": ("no", "green"), "1": ("yes", "orange")}))
+    pending["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byFrameRefID", "options": "D"},
+         "properties": [{"id": "mappings", "value": value_map(RECOVERY_ACTIONS)}]},
+    ]
+    pending["options"] = {"showValue": "auto", "mergeValues": True, "rowHeight": 0.9, "legend": {"showLegend": False}}
+    lay.add(pending, 8, 8)
+    clock_events = ts("Clock-event time", [
+        (f"rate(resmon_gpu_clock_event_seconds_total{{{GSEL}}}[$__rate_interval])", GPU_LEGEND + " {{reason}}"),
+    ], "percentunit", min=0,
+        description="Share of the time each reason held the clocks (seconds per second, stacked; reasons can "
+                    "overlap). sw_power_cap under load is normal; hw_thermal_slowdown and hw_power_brake_slowdown "
+                    "alert above 10 %. Pick one GPU to read the stack.")
+    clock_events["fieldConfig"]["defaults"]["custom"] = {"stacking": {"mode": "normal", "group": "A"},
+                                                         "fillOpacity": 40}
+    lay.add(clock_events, 12, 8)
+    lay.add(ts("PCIe link", [
+        (f"resmon_gpu_pcie_link_generation{{{GSEL}}}", GPU_LEGEND + " Gen {{bound}}"),
+        (f"resmon_gpu_pcie_link_width_lanes{{{GSEL}}}", GPU_LEGEND + " lanes {{bound}}"),
+    ], "none", min=0, description="A link below its maximum is normal at idle (power saving) and alerts only while "
+                                  "the GPU is busy."), 12, 8)
+    lay.add(ts("PCIe traffic", [
+        (f"rate(resmon_gpu_pcie_bytes_total{{{GSEL}}}[$__rate_interval])", GPU_LEGEND + " {{direction}}"),
+    ], "Bps", min=0), 8, 8)
+    lay.add(ts("NVLink traffic", [
+        (f"sum by ({GPU_BY}, direction) (rate(resmon_gpu_nvlink_bytes_total{{{GSEL}}}[$__rate_interval]))",
+         GPU_LEGEND + " {{direction}}"),
+    ], "Bps", min=0, description="Summed over the GPU's links."), 8, 8)
+    lay.add(ts("Link errors and NVLink state", [
+        (f"rate(resmon_gpu_pcie_replays_total{{{GSEL}}}[$__rate_interval])", GPU_LEGEND + " PCIe replays/s"),
+        (f"sum by ({GPU_BY}, type) (rate(resmon_gpu_nvlink_errors_total{{{GSEL}}}[$__rate_interval]))",
+         GPU_LEGEND + " NVLink {{type}}/s"),
+        (f"sum by ({GPU_BY}) (resmon_gpu_nvlink_active{{{GSEL}}})", GPU_LEGEND + " NVLink links up"),
+        (f"count by ({GPU_BY}) (resmon_gpu_nvlink_active{{{GSEL}}})", GPU_LEGEND + " NVLink links"),
+    ], "short", min=0, description="Error rates per second, and how many of the GPU's NVLink links are up."), 8, 8)
     lay.row("Host")
     lay.add(ts("CPU", [(f"resmon_cpu_utilization_ratio{{{SEL}}}", "{{instance}} busy")], "percentunit", min=0, max=1), 8, 7)
     lay.add(ts("Load", [(f"resmon_load1{{{SEL}}}", "{{instance}} 1m"), (f"resmon_load5{{{SEL}}}", "{{instance}} 5m")], "short", min=0), 8, 7)

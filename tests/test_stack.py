@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fakenvml import GIB, REPO, Exporter, Scenario, Trace, nvml_env
+from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from scenarios import three_gpus
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -132,10 +132,12 @@ def test_dashboard_structure(path):
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_metric_names_exist_in_the_contract(path):
     known = contract_families() | {"up"}
-    functions = {"sum", "count", "by", "or", "vector", "increase", "time", "rate", "max", "min", "avg", "label_values",
-                 "and", "on", "group_left", "without"}
+    functions = {"sum", "count", "or", "vector", "increase", "time", "rate", "max", "min", "avg", "label_values",
+                 "and", "unless", "round", "bool", "group_left", "group_right"}
+    # label lists of by/without/on/ignoring/group_*, selectors, strings, ranges and offsets are not names
+    grouping = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
     for expr in exprs(load(path)):
-        cleaned = re.sub(r'\{[^}]*\}|"[^"]*"|\[[^\]]*\]', "", expr)
+        cleaned = re.sub(grouping + r'|\{[^}]*\}|"[^"]*"|\[[^\]]*\]|\boffset\s+\w+', "", expr)
         for name in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", cleaned):
             if name in functions or name in ("e6", "job", "instance", "gpu", "uuid") or re.fullmatch(r"e\d+", name):
                 continue
@@ -258,13 +260,61 @@ def wait_until(what: str, check: Any, timeout: float) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+UUID = {i: f"GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000{i}" for i in range(4)}
+HW_THERMAL_SHARE = 0.5  # GPU 0's hardware thermal slowdown counter grows 0.5 s per second
+
+
+def stack_machine() -> dict[str, Any]:
+    """three_gpus and a V100, with what gives every dashboard panel data and makes every health
+    alert fire on one GPU while the GPUs next to it show the quiet cases:
+    GPU 0, a busy H100: VRAM pressure, ECC, a row remap pending, 4 NVLinks (link 2 never up),
+      PCIe Gen 4 of 5, clock-event counters (hardware thermal slowdown ticking, see Stack.tick),
+      sample buffers (busy seconds), memory temperature.
+    GPU 1, an idle A100: a failed row remap, recovery action 1, the power-brake reason bit with
+      no clock-event counters (the bit fallback), PCIe Gen 1 of 4 while idle (quiet).
+    GPU 2, the L4 without a utilization gauge: busy only by its sample buffers, x8 of x16.
+    GPU 3, a V100 on the violation-status fallback: page retirement pending, ECC (the test
+      raises its uncorrectable count), 2 NVLinks.
+    XID events are injected by the fixture (GPU 1, XID 13: an application's) and the tests."""
+    machine = three_gpus()
+    machine["count"] = 4
+    machine["gpu.0.memory_used"] = 76 * GIB  # 95.6 % of 80 GiB in use: VRAM pressure
+    machine.update(gpu_keys(
+        0, ecc="on", ecc__corrected__volatile=3, ecc__corrected__aggregate=17, row_remapping=1,
+        remapped__correctable=2, remapped__uncorrectable=1, remap_pending=1, nvlinks=4, nvlink__2__active=0,
+        nvlink__0__tx_kib=1_000_000, nvlink__0__rx_kib=2_000_000, nvlink__1__errors__replay=5,
+        field__82=58, field__74=1_500_000_000, field__76=0, field__269=3_000_000_000, field__270=0, field__271=0,
+        field__77=0, field__78=0, field__79=0, field__197=10**11, field__198=5 * 10**10, field__230=0,
+        pcie_gen=4, pcie_gen_max=5, pcie_width=16, pcie_width_max=16, pcie_replays=3, samples__period_ms=100,
+    ))
+    machine.update(gpu_keys(
+        1, ecc="on", row_remapping=1, remapped__correctable=0, remapped__uncorrectable=3, remap_failed=1,
+        field__230=1, clocks_event_reasons=0x81,  # gpu_idle + hw_power_brake_slowdown
+        pcie_gen=1, pcie_gen_max=4, pcie_width=16, pcie_width_max=16,
+    ))
+    machine.update(gpu_keys(2, pcie_gen=4, pcie_gen_max=4, pcie_width=8, pcie_width_max=16, samples__period_ms=100,
+                            samples__gpu=90))
+    machine.update(gpu_keys(
+        3, name="Tesla V100-SXM2-32GB", uuid=UUID[3], pci_bus_id="00000000:0C:00.0", memory_total=32 * GIB,
+        memory_used=GIB, memory_reserved=256 * 1024**2, util_gpu=40, util_memory=20, temperature=50,
+        power_mw=150000, power_limit_mw=300000, energy_mj=1000, fan=30, pstate=0, clocks_event_reasons=0,
+        ecc="on", ecc__uncorrected__volatile=0, ecc__uncorrected__aggregate=1, page_retirement=1,
+        retired__multiple_single_bit=1, retired__double_bit=1, retired_pending=1, nvlinks=2,
+        violation__0=2_000_000_000, violation__1=600_000_000, violation__2=0, violation__3=0, violation__4=0,
+        violation__5=0, pcie_gen=3, pcie_gen_max=3, pcie_width=16, pcie_width_max=16, pcie_replays=0,
+    ))
+    return machine
+
+
 class Stack:
     def __init__(self, root: Path, lib: Path) -> None:
         self.root = root
         self.procs: list[subprocess.Popen] = []
-        machine = three_gpus()
-        machine["gpu.0.memory_used"] = 76 * GIB  # 95.6 % of 80 GiB in use: VRAM pressure
-        self.scenario = Scenario(root / "scenario.txt", machine)
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.scenario = Scenario(root / "scenario.txt", stack_machine())
+        self.ticker = threading.Thread(target=self.tick, daemon=True)
+        self.ticker.start()
         self.exporter = Exporter(["--collect.cache-ttl=500ms"], nvml_env(lib, self.scenario, Trace(root / "trace")))
         self.exporter.wait_listening()
         self.webhook = Webhook()
@@ -280,12 +330,15 @@ class Stack:
         self.start([need("prometheus-alertmanager"), f"--config.file={root / 'am' / 'alertmanager.yml'}",
                     f"--storage.path={root / 'am' / 'data'}", f"--web.listen-address=127.0.0.1:{self.am_port}",
                     "--cluster.listen-address="], "alertmanager")
-        # a test copy of the rules with short `for`, so alerts fire within the test
+        # a test copy of the rules with short `for`, so alerts fire within the test, and rate
+        # windows of minutes cut to 30 s: rate() divides by the whole window, so over [10m] a
+        # series a minute old would read a tenth of its real rate (the 6 h NVLink memory stays)
         rules = yaml.safe_load(RULES.read_text())
         for group in rules["groups"]:
             for rule in group["rules"]:
                 if "for" in rule:
                     rule["for"] = "2s"
+                rule["expr"] = re.sub(r"\[(?:[1-9]|10)m\]", "[30s]", rule["expr"])
         (root / "rules").mkdir()
         (root / "rules" / "resmon.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
         (root / "prometheus.yml").write_text(yaml.safe_dump({
@@ -299,6 +352,35 @@ class Stack:
                    "prometheus")
         wait_until("5 scrapes in Prometheus",
                    lambda: self.query('count_over_time(up{job="resmon"}[1m]) >= 5 and up{job="resmon"} == 1'), 90)
+        # XIDs reach only a registered event set (no replay): inject once the exporter watches
+        wait_until("the XID watcher registered",
+                   lambda: self.query('resmon_collector_success{collector="xid"} == 1'), 60)
+        self.inject_xid(1, 13)  # an application's XID: panels get data, nothing pages
+        wait_until("the XID in Prometheus", lambda: self.query('resmon_gpu_xid_errors_total{xid="13"}'), 60)
+
+    def tick(self) -> None:
+        """Counters that move: GPU 0's hardware thermal slowdown time, PCIe and NVLink bytes."""
+        started = time.monotonic()
+        while not self.stopping.wait(0.25):
+            s = time.monotonic() - started
+            self.update(**{"gpu.0.field.270": int(HW_THERMAL_SHARE * s * 1e9),
+                           "gpu.0.field.197": 10**11 + int(2e9 * s), "gpu.0.field.198": 5 * 10**10 + int(1e9 * s),
+                           "gpu.0.nvlink.0.tx_kib": 1_000_000 + int(1e6 * s),
+                           "gpu.0.nvlink.0.rx_kib": 2_000_000 + int(5e5 * s)})
+
+    def update(self, **changes: Any) -> None:
+        with self.lock:
+            self.scenario.update(**changes)
+
+    def inject_xid(self, gpu: int, code: int) -> None:
+        """Appends to the cumulative xid_events list: the fake delivers each entry once."""
+        with self.lock:
+            events = [e for e in str(self.scenario.values.get("xid_events", "")).split(",") if e]
+            self.scenario.update(xid_events=",".join([*events, f"{UUID[gpu]}:{code}"]))
+
+    def alerts(self, name: str) -> list[dict[str, Any]]:
+        data = self.api("/api/v1/alerts") or {"alerts": []}
+        return [a for a in data["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
     def start(self, cmd: list[str], name: str) -> None:
         log = open(self.root / f"{name}.log", "w")
@@ -319,6 +401,8 @@ class Stack:
         return data["result"] if data else []
 
     def stop(self) -> None:
+        self.stopping.set()
+        self.ticker.join(5)
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -381,3 +465,118 @@ def test_vram_pressure_alert_fires_and_is_delivered(stack):
     got = wait_until("the alert at the webhook receiver", delivered, 60)
     assert got[0]["labels"]["gpu"] == "0" and got[0]["labels"]["uuid"] == "GPU-0c1c7b8e-1d2e-4c47-9b5a-000000000000"
     assert got[0]["annotations"] == alerts[0]["annotations"]  # delivered as Prometheus rendered it
+
+
+# -- health alerts, live -------------------------------------------------------------------------
+
+# alert -> the (gpu, extra label) it fires for on stack_machine() after the changes in
+# test_health_alerts_fire_in_prometheus; every other GPU is a quiet case of the same alert
+HEALTH_FIRING = {
+    "ResmonGpuRowRemapPending": {("0", None)},
+    "ResmonGpuRowRemapFailed": {("1", None)},
+    "ResmonGpuRetiredPagesPending": {("3", None)},
+    "ResmonGpuRecoveryAction": {("1", None)},
+    "ResmonGpuEccUncorrectable": {("3", None)},
+    "ResmonGpuNvlinkDown": {("0", "3")},  # link 3 went down; link 2 was never up
+    "ResmonGpuPcieGenerationDegraded": {("0", None)},  # GPU 1 is as low but idle
+    "ResmonGpuPcieWidthDegraded": {("2", None)},
+    "ResmonGpuHwThermalSlowdown": {("0", None)},
+    "ResmonGpuPowerBrake": {("1", None)},
+    "ResmonGpuXidWarning": {("3", "94")},  # not GPU 1's XID 13
+}
+EXTRA = {"ResmonGpuNvlinkDown": "link", "ResmonGpuXidWarning": "xid"}
+LIVE = set(HEALTH_FIRING) | {"ResmonGpuXidCritical", "ResmonHealthCollectorFailing"}
+
+
+def v2_families() -> set[str]:
+    """The families of docs/metrics.md's v2 collector sections ("... (collector `NAME` ...)")."""
+    names: set[str] = set()
+    v2 = False
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
+        if line.startswith("#"):
+            v2 = "collector `" in line
+        elif v2 and (cell := re.match(r"^\|([^|]*)\|", line)):
+            names |= set(re.findall(r"`(resmon_[a-z0-9_]+)`", cell.group(1)))
+    return names
+
+
+def test_every_alert_on_a_v2_family_is_proven_live():
+    v2 = v2_families()
+    assert {"resmon_gpu_xid_errors_total", "resmon_gpu_nvlink_active", "resmon_gpu_clock_event_seconds_total"} <= v2
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    on_v2 = {r["alert"] for r in rules if set(re.findall(r"resmon_[a-z0-9_]+", r["expr"])) & v2}
+    on_v2 |= {r["alert"] for r in rules if re.search(r'collector=~"[^"]*health', r["expr"])}
+    assert on_v2 == LIVE, (on_v2 - LIVE, LIVE - on_v2)
+
+
+def test_health_alerts_fire_in_prometheus(stack):
+    stack.update(**{"gpu.3.ecc.uncorrected.volatile": 2, "gpu.3.ecc.uncorrected.aggregate": 3,
+                    "gpu.0.nvlink.3.active": 0})
+    stack.inject_xid(3, 94)
+
+    def fired() -> dict[str, set[tuple[str, str | None]]]:
+        return {name: {(a["labels"]["gpu"], a["labels"].get(EXTRA.get(name, ""))) for a in stack.alerts(name)}
+                for name in HEALTH_FIRING}
+
+    try:
+        wait_until("every health alert firing", lambda: all(fired().values()), 90)
+    except AssertionError:
+        raise AssertionError(f"not firing: {[name for name, got in fired().items() if not got]}") from None
+    time.sleep(3)  # the quiet GPUs had as long to fire, with `for` at 2s
+    assert fired() == HEALTH_FIRING
+    assert not [a for name in ("ResmonGpuXidCritical", "ResmonGpuXidWarning") for a in stack.alerts(name)
+                if a["labels"]["xid"] == "13"]
+
+    instance = f"127.0.0.1:{stack.exporter.port}"
+    recovery = stack.alerts("ResmonGpuRecoveryAction")[0]
+    assert recovery["annotations"]["summary"] == f"GPU 1 on {instance} needs a GPU reset"
+    ecc = stack.alerts("ResmonGpuEccUncorrectable")[0]
+    assert ecc["labels"]["type"] == "uncorrected" and ecc["labels"]["scope"] == "volatile"
+    assert ecc["annotations"]["description"] == (
+        f"The uncorrectable ECC error count of GPU 3 ({UUID[3]}) rose in the last 10 minutes, to 2 since the driver "
+        "loaded. Data on the GPU may be corrupt; the jobs that hit the error were stopped.")
+    # GPU 0's from its counter (0.5 s/s; less while the series is younger than the window), not
+    # its reason bit, which is set too and would read 1; GPU 1's from the bit
+    thermal = stack.alerts("ResmonGpuHwThermalSlowdown")[0]
+    assert 0.1 < float(thermal["value"]) <= HW_THERMAL_SHARE + 0.05, thermal["value"]
+    assert float(stack.alerts("ResmonGpuPowerBrake")[0]["value"]) == 1
+    link = stack.alerts("ResmonGpuNvlinkDown")[0]
+    assert link["annotations"]["summary"] == f"NVLink 3 of GPU 0 on {instance} is down"
+
+
+def test_first_critical_xid_fires_and_is_delivered(stack):
+    stack.inject_xid(0, 79)  # GPU 0's first XID ever: its series appears with this event
+    alerts = wait_until("ResmonGpuXidCritical firing", lambda: stack.alerts("ResmonGpuXidCritical"), 60)
+    assert [(a["labels"]["gpu"], a["labels"]["xid"]) for a in alerts] == [("0", "79")]
+    # increase() alone cannot see it: the series' first sample is the event
+    assert stack.query('increase(resmon_gpu_xid_errors_total{xid="79"}[10m]) > 0') == []
+    instance = f"127.0.0.1:{stack.exporter.port}"
+    assert alerts[0]["labels"]["severity"] == "critical"
+    assert alerts[0]["annotations"] == {
+        "summary": f"GPU 0 on {instance} reported hardware XID 79",
+        "description": f"NVML reported XID 79 on GPU 0 ({UUID[0]}) in the last 10 minutes: a hardware, firmware or "
+                       "NVLink fault (48, 62, 64, 74, 79, 95, 119, 120). Jobs on this GPU have likely failed.",
+        "runbook": "Drain the GPU; read the Xid line in dmesg and nvidia-smi -q; reset the GPU (nvidia-smi -r) or "
+                   "reboot the node, and RMA a board that repeats it.",
+    }
+
+    def delivered():
+        return [a for p in stack.webhook.payloads for a in p["alerts"]
+                if a["labels"]["alertname"] == "ResmonGpuXidCritical" and a["status"] == "firing"]
+
+    got = wait_until("the XID alert at the webhook receiver", delivered, 60)
+    assert got[0]["labels"]["uuid"] == UUID[0] and got[0]["labels"]["xid"] == "79"
+    assert got[0]["annotations"] == alerts[0]["annotations"]
+
+
+def test_health_collector_failing_fires(stack):
+    """Last in the module: the XID watcher stays broken until the rc is lifted."""
+    assert stack.query('resmon_collector_success{collector=~"health|xid|nvlink"} == 1') != []
+    assert stack.alerts("ResmonHealthCollectorFailing") == []
+    stack.update(**{"rc.nvmlEventSetWait_v2": 999})
+    try:
+        alerts = wait_until("ResmonHealthCollectorFailing firing",
+                            lambda: stack.alerts("ResmonHealthCollectorFailing"), 60)
+        assert [a["labels"]["collector"] for a in alerts] == ["xid"]
+    finally:
+        stack.update(**{"rc.nvmlEventSetWait_v2": None})
