@@ -144,6 +144,37 @@ def test_dashboard_metric_names_exist_in_the_contract(path):
             assert name in known, f"{path.name}: {name} in {expr!r} is not a contract family"
 
 
+def test_fleet_xid_column_counts_first_events_and_survives_restarts(tmp_path):
+    """The fleet table's "XIDs (24h)" query, run by promtool over 30 hours of history."""
+    table = next(p for p in panels(load(REPO / "dashboards" / "resmon-fleet.json")) if p["title"] == "GPUs")
+    column = table["transformations"][1]["options"]["renameByName"]
+    ref = next(k for k, v in column.items() if v == "XIDs (24h)").removeprefix("Value #")
+    expr = substitute(next(t["expr"] for t in table["targets"] if t["refId"] == ref))
+
+    def labels(i: int, code: str) -> str:
+        return f'{{job="resmon", instance="h:9636", gpu="{i}", uuid="GPU-{i}", xid="{code}"}}'
+
+    series = [  # one sample an hour, 0h..30h ("ax9": 10 samples, "_x3": 3 missing); the query runs at 30h
+        (labels(0, "79"), "2x9 3x9 4x10"),  # older than the window, then 2 events in it (10h, 20h)
+        (labels(0, "94"), "_x25 1x5"),  # first event at 25h
+        (labels(1, "48"), "_x12 1x7 2x10"),  # first event at 12h, second at 20h: both count
+        (labels(2, "13"), "5x14 _x3 1x12"),  # exporter restarted at 15h, one event since
+        (labels(3, "31"), "1x5"),  # before the window, series gone with a restart: no row
+    ]
+    expected = {"0": 3, "1": 2, "2": 1}
+    doc = {"rule_files": [], "evaluation_interval": "1h", "tests": [{
+        "interval": "1h",
+        "input_series": [{"series": "resmon_gpu_xid_errors_total" + s, "values": v} for s, v in series],
+        "promql_expr_test": [{"expr": expr, "eval_time": "30h", "exp_samples": [
+            {"labels": f'{{job="resmon", instance="h:9636", gpu="{i}", uuid="GPU-{i}"}}', "value": n}
+            for i, n in expected.items()]}],
+    }]}
+    (tmp_path / "xid24h.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = subprocess.run([need("promtool"), "test", "rules", str(tmp_path / "xid24h.test.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
 # -- alert rules ---------------------------------------------------------------------------
 
 
