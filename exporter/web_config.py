@@ -296,11 +296,12 @@ def _users(section: Any) -> dict[str, bytes]:
         _expect(user, str, "basic_auth_users (user name)")
         if ":" in user:
             raise WebConfigError(f"basic_auth_users: user name {user!r} contains ':'")
+        shown = user if user.isprintable() else repr(user)  # an error stays one line
         if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
-            raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters)")
+            raise WebConfigError(f"basic_auth_users.{shown}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters)")
         if bcrypt_cost(hashed.encode()) > MAX_BCRYPT_COST:
             raise WebConfigError(
-                f"basic_auth_users.{user}: bcrypt cost {bcrypt_cost(hashed.encode())} is above {MAX_BCRYPT_COST} "
+                f"basic_auth_users.{shown}: bcrypt cost {bcrypt_cost(hashed.encode())} is above {MAX_BCRYPT_COST} "
                 "(every check would take seconds); hash the password again with a cost of 10 to 12"
             )
         users[user] = hashed.encode()

@@ -269,8 +269,13 @@ def test_tls_right_and_wrong_ca_and_rotation(run_exporter, machine, pki):
     cfg = pki["dir"] / "web.yml"
     write_config(cfg, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
                       "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n")
-    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
-    status, headers, body, peer = https(exporter.port, pki["server_ca"].cert_file)
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)  # /-/ready over plain HTTP cannot answer
+    deadline = time.monotonic() + 20
+    while True:  # until the first GPU read is done
+        status, headers, body, peer = https(exporter.port, pki["server_ca"].cert_file)
+        if b"resmon_gpu_up" in body or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert status == 200 and b"resmon_gpu_up" in body
     assert headers["x-content-type-options"] == "nosniff"
     with pytest.raises(ssl.SSLCertVerificationError):
