@@ -6,6 +6,7 @@ within about one wait, a rebuild waits at least its backoff)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import threading
 import time
@@ -230,7 +231,7 @@ def test_a_lost_gpu_on_wait_rebuilds_with_backoff_and_counts_again(nvml, make, l
     wait_until(lambda: not watcher.state().healthy, what="unhealthy after GPU_IS_LOST")
     wait_until(lambda: len(created) >= 6, what="five rebuilds")  # each fails at its first wait
     assert not watcher.state().healthy
-    gaps = [b - a for a, b in zip(created[1:], created[2:])]
+    gaps = [b - a for a, b in itertools.pairwise(created[1:])]
     for i, gap in enumerate(gaps):  # 0.05 doubling to 0.4: each rebuild waits at least its backoff
         assert gap >= min(0.1 * 2**i, 0.4) - 0.005, gaps
     warnings = [r for r in log[1].records if r.levelno >= logging.WARNING]
@@ -310,7 +311,7 @@ def test_repeated_stop_and_watch_do_not_grow_the_threads(nvml, make):
         assert watcher.stop(5.0)
         watcher.watch(devices())
         assert len(xid_threads()) == 1
-        wait_until(lambda: builds(trace) == cycle)
+        wait_until(lambda n=cycle: builds(trace) == n)
     assert threading.active_count() == baseline
     assert trace.count("nvmlEventSetCreate") == trace.count("nvmlEventSetFree") + 1
     inject(scenario, (A, 79))

@@ -71,6 +71,7 @@ class XidWatcher:
         self._watched: frozenset[str] = frozenset()
         self._healthy = True
         self._duration = 0.0
+        self._warned_unknown = False
 
     # -- the backend's side: cheap, never an NVML call ----------------------------------
 
@@ -149,7 +150,7 @@ class XidWatcher:
                     retry_at = time.monotonic() + backoff
                     self._failed(failure, warned, backoff)
                     backoff = min(backoff * 2, self._max_backoff)
-                elif proven and retry_at is None and not self.state().healthy:
+                elif proven and retry_at is None and not self._healthy:  # one bool: no lock needed
                     backoff = self._min_backoff  # it works again: the next outage starts short
                     warned.clear()  # and warns again
                     self._resumed()
@@ -218,7 +219,9 @@ class XidWatcher:
             return  # eventData is an XID only for XID events (gpud#164 counted "xid 0" from a clock event)
         uuid = table.get(_pointer(data.device))
         if uuid is None:  # not a handle this set registered: nothing to attribute it to
-            self._log.warning("XID event from an unknown device", extra=fields(xid=int(data.eventData)))
+            if not self._warned_unknown:
+                self._warned_unknown = True
+                self._log.warning("XID event from an unregistered device handle", extra=fields(xid=int(data.eventData)))
             return
         xid = int(data.eventData)
         with self._lock:

@@ -1,0 +1,190 @@
+"""XID events end to end through the real CLI: the fake's injected events (xid_events) come out
+as resmon_gpu_xid_errors_total / resmon_gpu_xid_last_timestamp_seconds, a GeForce board has no
+xid series, the watcher counts again after a driver reload and a lost GPU without growing the
+process's threads, --no-collector.xid serves nothing of it, and SIGTERM is prompt."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fakenvml import Exporter, Scenario, Scrape
+from scenarios import GPU_IS_LOST, three_gpus
+
+BASE = three_gpus()
+UUID = [BASE[f"gpu.{i}.uuid"] for i in range(3)]
+A, B, C = UUID
+ERRORS = "resmon_gpu_xid_errors_total"
+LAST = "resmon_gpu_xid_last_timestamp_seconds"
+MARKER = (C, 31)  # injected last to know everything before it has arrived; never asserted on
+
+
+def inject(scenario: Scenario, *events: tuple[str, int]) -> None:
+    old = [e for e in str(scenario.values.get("xid_events", "")).split(",") if e]
+    scenario.update(xid_events=",".join(old + [f"{uuid}:{code}" for uuid, code in events]))
+
+
+def count(s: Scrape, uuid: str, xid: int) -> float:
+    found = s.series(ERRORS, uuid=uuid, xid=str(xid))
+    assert len(found) <= 1, found
+    return found[0][1] if found else 0.0
+
+
+def watching(s: Scrape) -> bool:
+    return s.has("resmon_collector_success", collector="xid") and s.value("resmon_collector_success", collector="xid") == 1
+
+
+def settle(exporter: Exporter, scenario: Scenario) -> Scrape:
+    """A scrape taken after every event injected so far was counted (events arrive in order)."""
+    before = count(exporter.scrape(), *MARKER)
+    inject(scenario, MARKER)
+    return exporter.wait_for(lambda s: count(s, *MARKER) == before + 1)
+
+
+def xids(s: Scrape) -> dict[tuple[str, str, str], float]:
+    return {(l["gpu"], l["uuid"], l["xid"]): v for l, v in s.series(ERRORS) if (l["uuid"], l["xid"]) != (MARKER[0], str(MARKER[1]))}
+
+
+def threads(exporter: Exporter) -> int:
+    for line in Path(f"/proc/{exporter.proc.pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def registered_since(trace: Any, device: int, before: int) -> bool:
+    """GPU `device` was registered more than `before` times and that build is complete (the
+    watcher waits on a set only once it is built)."""
+    seen = 0
+    for symbol, index in trace.lines():
+        if symbol == "nvmlDeviceRegisterEvents" and index == device:
+            seen += 1
+        elif symbol == "nvmlEventSetWait_v2" and seen > before:
+            return True
+    return False
+
+
+def start(run_exporter: Any, scenario: Scenario, values: dict[str, Any] | None = None, *flags: str) -> Exporter:
+    scenario.write(values or BASE)
+    exporter = run_exporter("--collect.cache-ttl=0", *flags)
+    exporter.wait_for(watching)  # registered: events from now on are delivered (no replay)
+    return exporter
+
+
+def test_xid_events_are_counted_per_uuid_and_code(run_exporter, scenario):
+    exporter = start(run_exporter, scenario)
+    s = exporter.scrape()
+    assert s.families["resmon_gpu_xid_errors"].type == "counter"
+    assert s.families["resmon_gpu_xid_last_timestamp_seconds"].type == "gauge"
+    assert xids(s) == {}  # a series appears at its first event
+    before = time.time()
+    inject(scenario, (A, 79), (B, 48), (A, 79))
+    inject(scenario, (C, 999), (A, 13))
+    s = settle(exporter, scenario)
+    after = time.time()
+    assert xids(s) == {
+        ("0", A, "79"): 2,
+        ("0", A, "13"): 1,
+        ("1", B, "48"): 1,
+        ("2", C, "999"): 1,  # the unknown XID is a code like any other
+    }
+    for labels, value in s.series(LAST):
+        assert set(labels) == {"gpu", "uuid", "xid"}
+        assert before - 1 <= value <= after + 1, (labels, value, before, after)
+    inject(scenario, (A, 79))
+    s = settle(exporter, scenario)
+    assert xids(s)[("0", A, "79")] == 3
+    assert xids(s)[("1", B, "48")] == 1
+    assert s.value(LAST, uuid=A, xid="79") >= s.value(LAST, uuid=A, xid="13")
+    assert s.value("resmon_collector_success", collector="xid") == 1
+    assert s.has("resmon_collector_duration_seconds", collector="xid")
+    # one info line per XID (6 injected, 2 markers), read from stderr as it comes
+    deadline = time.monotonic() + 10
+    while exporter.stderr.count('msg="XID event"') < 8:
+        assert time.monotonic() < deadline, exporter.stderr
+        time.sleep(0.05)
+    assert exporter.stop() == 0
+    assert exporter.stderr.count('msg="XID event"') == 8
+
+
+def test_a_geforce_board_has_no_xid_series(run_exporter, scenario):
+    exporter = start(run_exporter, scenario, {**BASE, "gpu.1.xid_supported": 0})
+    inject(scenario, (B, 79), (A, 13), (B, 48))
+    s = settle(exporter, scenario)
+    assert xids(s) == {("0", A, "13"): 1}
+    assert not s.has(ERRORS, uuid=B) and not s.has(LAST, uuid=B)
+    assert s.value("resmon_collector_success", collector="xid") == 1  # not supported is not a failure
+    assert "level=warn" not in exporter.stderr
+
+
+def test_watching_resumes_after_a_driver_reload_and_a_lost_gpu_without_more_threads(run_exporter, scenario, trace):
+    exporter = start(run_exporter, scenario)
+    inject(scenario, (A, 79))
+    assert xids(settle(exporter, scenario)) == {("0", A, "79"): 1}
+    baseline = threads(exporter)
+
+    # the driver module goes away for a while: NVML is shut down (the watcher stopped first)
+    scenario.update(**{"rc.nvmlDeviceGetCount_v2": 9})
+    exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 0)
+    deadline = time.monotonic() + 20
+    while trace.count("nvmlShutdown") < 1:
+        assert time.monotonic() < deadline, "NVML was never shut down"
+        exporter.scrape()
+        time.sleep(0.1)
+    symbols = [sym for sym, _ in trace.lines()]
+    assert symbols.index("nvmlEventSetFree") < symbols.index("nvmlShutdown")
+    s = exporter.scrape()
+    assert xids(s) == {("0", A, "79"): 1}  # counts are kept while NVML is away
+    scenario.update(**{"rc.nvmlDeviceGetCount_v2": None})
+    exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1 and watching(s))
+    inject(scenario, (A, 79), (B, 48))
+    assert xids(settle(exporter, scenario)) == {("0", A, "79"): 2, ("1", B, "48"): 1}
+
+    # the event wait reports a GPU fallen off the bus: unhealthy, rebuilt with backoff
+    scenario.update(**{"rc.nvmlEventSetWait_v2": GPU_IS_LOST})
+    exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="xid") == 0)
+    scenario.update(**{"rc.nvmlEventSetWait_v2": None})
+    exporter.wait_for(watching)
+    inject(scenario, (A, 79))
+    assert xids(settle(exporter, scenario)) == {("0", A, "79"): 3, ("1", B, "48"): 1}
+
+    # one GPU lost for everything: unwatched while down, registered again when it answers
+    before = trace.count("nvmlDeviceRegisterEvents", device=1)
+    scenario.update(**{"gpu.1.rc.all": GPU_IS_LOST})
+    exporter.wait_for(lambda s: s.value("resmon_gpu_up", uuid=B) == 0)
+    scenario.update(**{"gpu.1.rc.all": None})
+    exporter.wait_for(lambda s: s.value("resmon_gpu_up", uuid=B) == 1 and registered_since(trace, 1, before))
+    inject(scenario, (B, 48))
+    assert xids(settle(exporter, scenario))[("1", B, "48")] == 2
+
+    deadline = time.monotonic() + 10
+    while threads(exporter) > baseline:  # a thread that is ending may take a moment
+        assert time.monotonic() < deadline, (threads(exporter), baseline)
+        time.sleep(0.1)
+    assert exporter.stop() == 0
+
+
+def test_no_collector_xid_serves_nothing_of_it_and_starts_no_watcher(run_exporter, scenario, trace):
+    scenario.write(BASE)
+    exporter = run_exporter("--collect.cache-ttl=0", "--no-collector.xid")
+    inject(scenario, (A, 79))
+    s = exporter.wait_for(lambda s: s.has("resmon_gpu_up", uuid=A))
+    exporter.scrape()
+    s = exporter.scrape()
+    assert "resmon_gpu_xid" not in s.text
+    assert not s.has("resmon_collector_success", collector="xid")
+    assert not s.has("resmon_collector_duration_seconds", collector="xid")
+    assert not s.has("resmon_last_refresh_timestamp_seconds", collector="xid")
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+    assert trace.count("nvmlEventSetCreate") == 0
+
+
+def test_sigterm_while_watching_exits_zero_promptly(run_exporter, scenario, trace):
+    exporter = start(run_exporter, scenario)
+    started = time.monotonic()
+    assert exporter.stop() == 0
+    assert time.monotonic() - started < 5.0
+    symbols = [sym for sym, _ in trace.lines()]
+    assert symbols.count("nvmlEventSetFree") == symbols.count("nvmlEventSetCreate") >= 1
+    assert symbols.index("nvmlEventSetFree") < len(symbols) - 1 - symbols[::-1].index("nvmlShutdown")
