@@ -10,7 +10,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pynvml
 import pytest

@@ -14,7 +14,8 @@ import ctypes
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pynvml
 
