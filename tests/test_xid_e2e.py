@@ -136,6 +136,7 @@ def test_watching_resumes_after_a_driver_reload_and_a_lost_gpu_without_more_thre
     assert symbols.index("nvmlEventSetFree") < symbols.index("nvmlShutdown")
     s = exporter.scrape()
     assert xids(s) == {("0", A, "79"): 1}  # counts are kept while NVML is away
+    assert s.value("resmon_collector_success", collector="xid") == 0  # but nothing is watched
     scenario.update(**{"rc.nvmlDeviceGetCount_v2": None})
     exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1 and watching(s))
     inject(scenario, (A, 79), (B, 48))

@@ -338,7 +338,8 @@ class NvmlBackend:
             devices=all_down(self._identities.values()),
             memory_api=self.memory_api,
             parts=self._parts(False) if failing else (),
-            xid=self._xid.state() if self._xid is not None and failing else None,
+            # the counts so far stay served; the watcher is not watching while NVML is away
+            xid=dataclasses.replace(self._xid.state(), healthy=False) if self._xid is not None and failing else None,
         )
 
     def _down(self, key: str, err: DeviceDown | None) -> GpuSample:

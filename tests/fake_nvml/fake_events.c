@@ -38,7 +38,7 @@ _Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t size");
 #define EV_MAX_SETS 32
 #define EV_QUEUE 256          /* per set; a full queue drops the newest event */
 #define EV_MAX_INJECTED 512
-#define EV_SLICE_MS 10        /* a wait re-reads the scenario this often */
+#define EV_SLICE_MS 10        /* a wait re-reads the scenario this often (default) */
 
 typedef struct {
     int idx;
@@ -209,6 +209,13 @@ static nvmlReturn_t ev_wait(int fn, nvmlEventSet_t set, nvmlEventData_t *data, u
     if (rc != NVML_SUCCESS) return leave(rc);
     if (!data || !ev_live_set(set)) return leave(NVML_ERROR_INVALID_ARGUMENT);
     long long deadline = ev_now_ms() + timeoutms;
+    /* $FAKE_NVML_EVENT_POLL_MS: a longer slice makes an idle wait block like a real driver's
+     * (the benchmark counts wakeups); tests keep the short default for quick injection */
+    static long long slice_ms = -1;
+    if (slice_ms < 0) {
+        const char *poll = getenv("FAKE_NVML_EVENT_POLL_MS");
+        slice_ms = poll && atoll(poll) > 0 ? atoll(poll) : EV_SLICE_MS;
+    }
     for (;;) {
         if (set->len > 0) {
             fake_event_t ev = set->q[set->head];
@@ -226,7 +233,7 @@ static nvmlReturn_t ev_wait(int fn, nvmlEventSet_t set, nvmlEventData_t *data, u
         if (left <= 0) return leave(EV_RC_TIMEOUT);
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until); /* the cond's clock; each slice is short anyway */
-        long long ns = until.tv_nsec + (left < EV_SLICE_MS ? left : EV_SLICE_MS) * 1000000LL;
+        long long ns = until.tv_nsec + (left < slice_ms ? left : slice_ms) * 1000000LL;
         until.tv_sec += (time_t)(ns / 1000000000LL);
         until.tv_nsec = (long)(ns % 1000000000LL);
         pthread_cond_timedwait(&g_ev_cond, &g_mu, &until);
