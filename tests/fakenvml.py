@@ -67,6 +67,8 @@ Boards built from these keys: tests/scenarios.py hopper_board, volta_board, cons
 health_machine (the exact values are constants there).
 
 With $FAKE_NVML_TRACE set, every call appends "<symbol> <device index>" to that file.
+$FAKE_NVML_EVENT_POLL_MS (default 10): how often a blocked nvmlEventSetWait re-reads the
+scenario; a value of at least the wait's timeout makes it block like a real driver.
 """
 
 from __future__ import annotations
