@@ -162,6 +162,12 @@ class _GpuReader:
     def close(self, drain: float) -> bool:
         """No new reads; the backend is closed on the reader's thread once it is idle. True
         when that happened within drain seconds."""
+        interrupt = getattr(self._backend, "interrupt", None)
+        if interrupt is not None:
+            try:
+                interrupt()  # background work (the XID watcher) ends alongside the drain
+            except Exception:  # closing goes on regardless
+                self._log.debug("backend interrupt failed", exc_info=True)
         with self._cond:
             self._closing = True
             self._wanted = False

@@ -301,11 +301,25 @@ def load_in_process(lib_dir: Path, trace_path: Path) -> Trace:
     Once per process: the first lib_dir and trace path win (the fake opens its trace once)."""
     import ctypes
 
+    quiesce()
     if "lib" not in _IN_PROCESS:
         os.environ["FAKE_NVML_TRACE"] = str(trace_path)
         ctypes.CDLL(str(lib_dir / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
         _IN_PROCESS["lib"], _IN_PROCESS["trace"] = lib_dir, trace_path
     return Trace(_IN_PROCESS["trace"])
+
+
+def quiesce(timeout: float = 10.0) -> None:
+    """Let monitors that earlier in-process tests dropped finish closing (their GPU and XID
+    threads end and shut NVML down) before a test counts calls in the shared trace."""
+    import gc
+
+    gc.collect()  # runs the finalizers of dropped monitors
+    deadline = time.monotonic() + timeout
+    while any(t.name in ("resmon-gpu", "resmon-xid") and t.is_alive() for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            raise AssertionError("resmon threads of an earlier test are still running")
+        time.sleep(0.02)
 
 
 class Records(logging.Handler):

@@ -228,3 +228,23 @@ def test_promtool_check_metrics_is_clean(run_exporter, machine):
     text = exporter.scrape().text
     result = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), result.stdout + result.stderr
+
+
+def test_an_odd_answer_to_a_health_query_drops_that_value_not_the_gpu(run_exporter, machine, scenario):
+    exporter = run_exporter("--collect.cache-ttl=0")
+    odd = {"gpu.0.rc.nvmlDeviceGetPcieReplayCounter": 999, "gpu.0.rc.nvmlDeviceGetNvLinkErrorCounter": 2,
+           "gpu.0.rc.nvmlDeviceGetSamples": 999, "gpu.0.rc.nvmlDeviceGetRemappedRows": 10}
+    scenario.update(**odd)
+    s = exporter.wait_for(lambda s: not s.has("resmon_gpu_pcie_replays_total", **GPU))
+    assert s.value("resmon_gpu_up", **GPU) == 1
+    for name in ("resmon_gpu_nvlink_errors_total", "resmon_gpu_remapped_rows"):
+        assert not per_gpu(s, name, GPU), name
+    assert per_gpu(s, "resmon_gpu_nvlink_active", GPU) and per_gpu(s, "resmon_gpu_ecc_errors_total", GPU)
+    assert s.value("resmon_gpu_memory_used_bytes", **GPU) >= 0
+    # answers again at once: a one-off failure is not remembered as "not supported"
+    scenario.update(**dict.fromkeys(odd))
+    s = exporter.wait_for(lambda s: s.has("resmon_gpu_pcie_replays_total", **GPU))
+    assert s.value("resmon_gpu_remapped_rows", cause="correctable", **GPU) == sc.HOPPER_REMAPPED["correctable"]
+    # a lost GPU is still a lost GPU, whichever call says so
+    scenario.update(**{"gpu.0.rc.nvmlDeviceGetEccMode": 15})
+    exporter.wait_for(lambda s: s.value("resmon_gpu_up", **GPU) == 0)

@@ -328,3 +328,30 @@ def test_a_monitor_dropped_without_close_stops_its_thread(nvml, log):
     del m
     gc.collect()
     wait_until(lambda: gpu_threads() == before, timeout=5)
+
+
+def xid_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "resmon-xid" and t.is_alive()]
+
+
+def test_closing_ends_the_xid_watcher_alongside_a_read_still_in_flight(nvml, log):
+    # the CLI drains the GPU thread for 1 s at exit: the watcher's own wait (up to 0.5 s)
+    # must end in parallel with the last read, not after it
+    scenario, trace = nvml
+    m = monitor(log, cache_ttl=0)
+    m.snapshot()
+    wait_until(lambda: trace.count("nvmlEventSetWait_v2") > 0)  # the watcher is waiting
+    assert len(xid_threads()) == 1
+    scenario.update(**{"delay_ms.nvmlDeviceGetCount_v2": 1500})
+    reader = threading.Thread(target=m.snapshot, kwargs={"timeout": 5})
+    reader.start()
+    wait_until(lambda: trace.count("nvmlDeviceGetCount_v2") >= 2)  # the slow read is in flight
+    started = time.monotonic()
+    m.close(drain=0.0)  # no waiting here: what must happen is signalled
+    wait_until(lambda: not xid_threads(), timeout=1.2)  # while the read is still inside NVML
+    assert time.monotonic() - started < 1.4
+    assert reader.is_alive()
+    reader.join(10)
+    scenario.update(**{"delay_ms.nvmlDeviceGetCount_v2": None})
+    wait_until(lambda: trace.count("nvmlShutdown") == 1)  # the reader shut NVML down after its read
+    assert not xid_threads()

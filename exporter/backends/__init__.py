@@ -42,7 +42,9 @@ class GpuBackend(Protocol):
         ...
 
     def close(self) -> None:
-        """Release the vendor library; called once, when no read is in flight."""
+        """Release the vendor library; called once, when no read is in flight. A backend
+        with background work may also have interrupt(): called from the closing thread
+        first, so that work ends while the last read drains."""
         ...
 
 

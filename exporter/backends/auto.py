@@ -88,5 +88,8 @@ class AutoBackend:
             extra=fields(backend=backend, reason=why, skipped=" | ".join(skipped or []) or "-"),
         )
 
+    def interrupt(self) -> None:
+        self._nvml.interrupt()
+
     def close(self) -> None:
         self._nvml.close()

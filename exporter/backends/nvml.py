@@ -31,6 +31,7 @@ from ..samples import (
     GpuReading,
     GpuSample,
     PartStatus,
+    XidState,
     all_down,
     in_order,
 )
@@ -42,7 +43,6 @@ from .nvml_xid import XidWatcher
 _U32_NA = 0xFFFFFFFF
 _U64_NA = 0xFFFFFFFFFFFFFFFF
 _SAMPLE_TYPES = dict(zip(BUSY_ENGINES, (1, 2, 3, 4)))  # nvmlSamplingType_t: GPU, MEMORY, ENC, DEC
-_SAMPLE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 # Field values read in every device's one batch (the health and nvlink ones are added when on).
 _GPU_FIELDS: tuple[nvml_fields.Request, ...] = (
     (nvml_fields.MEMORY_TEMP, 0),
@@ -166,26 +166,29 @@ class NvmlBackend:
         self._clock = _Fallback(pynvml.nvmlDeviceGetClockInfo)
         self._max_clock = _Fallback(pynvml.nvmlDeviceGetMaxClockInfo)
         self._pstate = _Fallback(pynvml.nvmlDeviceGetPerformanceState)
-        # v2: gpu additions, health, nvlink, xid
-        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"))
-        self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))
-        self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization)
-        self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization)
-        self._pcie_gen = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
+        # v2: gpu additions, health, nvlink, xid; lenient: a failure other than a lost GPU
+        # leaves the value out instead of taking the device down
+        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"), lenient=True)
+        self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))  # via HealthReader.ask
+        self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization, lenient=True)
+        self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization, lenient=True)
+        self._pcie_gen = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, lenient=True)
         self._pcie_gen_max = _Fallback(
-            _optional("nvmlDeviceGetGpuMaxPcieLinkGeneration"), pynvml.nvmlDeviceGetMaxPcieLinkGeneration
+            _optional("nvmlDeviceGetGpuMaxPcieLinkGeneration"), pynvml.nvmlDeviceGetMaxPcieLinkGeneration, lenient=True
         )
-        self._pcie_width = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkWidth)
-        self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth)
-        self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter)
+        self._pcie_width = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkWidth, lenient=True)
+        self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth, lenient=True)
+        self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter, lenient=True)
         self._samples_missing = _optional("nvmlDeviceGetSamples") is None
         self._busy = BusyIntegrator()
         self._health = HealthReader()  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
-        self._watched: dict[str, Any] = {}  # uuid -> handle of the devices that answered in this read
+        self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
         self._part_seconds = {"health": 0.0, "nvlink": 0.0}
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
+        self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
+        self._closing = False
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -257,14 +260,22 @@ class NvmlBackend:
         self._next_attempt = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self._max_backoff)
 
+    def interrupt(self) -> None:
+        """Called from the closing thread before the last read drains: the XID watcher ends
+        its wait now, in parallel, and no read starts it again."""
+        self._closing = True
+        if self._xid is not None:
+            self._xid.stop(0.0)
+
     def _shutdown(self) -> None:
         if self._initialised:
-            self._initialised = False
             # the watcher's event set belongs to this init: stop it first, and leave NVML
-            # alone if it is still inside a call (shutting down under it can crash)
+            # initialised if it is still inside a call (shutting down under it can crash;
+            # the init is kept, so no second one is taken on top of it)
             if self._xid is not None and not self._xid.stop(_XID_STOP_TIMEOUT):
                 self._log.warning("XID watcher still inside NVML; not shutting NVML down")
                 return
+            self._initialised = False
             try:
                 pynvml.nvmlShutdown()
             except Exception:  # the library is already gone or never answered: nothing to release
@@ -306,8 +317,12 @@ class NvmlBackend:
                 continue  # same labels as an enumerated device (no UUID to tell them apart)
             samples.append(self._down(key, None))
         self._backoff = self._min_backoff  # a read that worked: the next loss retries soon again
+        xid = None
         if self._xid is not None:
-            self._xid.watch(self._watched)
+            if not self._closing:
+                self._xid.watch(self._watched)
+            xid = self._xid.state()
+            self._xid_ever_watched = self._xid_ever_watched or bool(xid.watched)
         return GpuReading(
             backend="nvml",
             success=True,
@@ -316,7 +331,7 @@ class NvmlBackend:
             devices=in_order(samples),
             memory_api=self.memory_api,
             parts=self._parts(True),
-            xid=self._xid.state() if self._xid is not None else None,
+            xid=xid,
         )
 
     def _parts(self, success: bool) -> tuple[PartStatus, ...]:
@@ -338,9 +353,16 @@ class NvmlBackend:
             devices=all_down(self._identities.values()),
             memory_api=self.memory_api,
             parts=self._parts(False) if failing else (),
-            # the counts so far stay served; the watcher is not watching while NVML is away
-            xid=dataclasses.replace(self._xid.state(), healthy=False) if self._xid is not None and failing else None,
+            xid=self._xid_while_away() if failing else None,
         )
+
+    def _xid_while_away(self) -> XidState | None:
+        """The counts so far stay served; an xid collector that was active fails while NVML
+        is away (nothing is watched), one that never was (GeForce only) stays inactive."""
+        if self._xid is None:
+            return None
+        state = self._xid.state()
+        return dataclasses.replace(state, healthy=False) if self._xid_ever_watched else state
 
     def _down(self, key: str, err: DeviceDown | None) -> GpuSample:
         identity = self._identities[key]
@@ -365,6 +387,9 @@ class NvmlBackend:
                 return key, self._down(key, DeviceDown(None, "no handle"))
             self._handles[index] = handle
         key = self._identify(index, handle)
+        uuid = self._identities[key].uuid
+        if uuid:  # watched for XIDs even while its values fail: that is when XIDs come
+            self._watched[uuid] = handle
         try:
             sample = self._read_values(key, self._identities[key], handle)
         except DeviceDown as err:
@@ -373,8 +398,6 @@ class NvmlBackend:
         if not self._up.get(key, True):
             self._log.info("GPU answering again", extra=fields(gpu=index, uuid=sample.identity.uuid))
         self._up[key] = True
-        if sample.identity.uuid:
-            self._watched[sample.identity.uuid] = handle
         return key, sample
 
     def _identify(self, index: int, handle: Any) -> str:
@@ -586,8 +609,10 @@ class NvmlBackend:
             samples: list[tuple[int, float]] = []
             if answer:
                 value_type, entries = answer
-                member = _SAMPLE_MEMBERS.get(int(value_type), "uiVal")
-                samples = [(int(e.timeStamp), float(getattr(e.sampleValue, member))) for e in entries]
+                for e in entries:
+                    value = nvml_fields.union_value(int(value_type), e.sampleValue)
+                    if value is not None:
+                        samples.append((int(e.timeStamp), float(value)))
             out.append((engine, self._busy.add(key, engine, samples)))
         return tuple(out)
 

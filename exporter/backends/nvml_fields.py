@@ -7,6 +7,7 @@ is left out, never read as 0 (DCGM #311: memory temperature 0 on an L4).
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any, Iterable
 
@@ -55,25 +56,30 @@ def _raw_u64(value: Any) -> int:
 
 
 def decode(entry: Any) -> float | int | None:
-    """The value of one nvmlFieldValue_t by its valueType, or None when its own return says
-    it has none. A DOUBLE whose upper 32 bits are 0 is an integer the driver mislabelled
-    (r545 wrote memory temperature as uiVal but said DOUBLE, nvbug 4300930): as a double it
-    would be a denormal, never a real reading."""
+    """The value of one nvmlFieldValue_t, or None when its own return says it has none."""
     if not nvml_errors.entry_ok(entry.nvmlReturn):
         return None
-    member = _MEMBERS.get(int(entry.valueType))
+    return union_value(int(entry.valueType), entry.value)
+
+
+def union_value(value_type: int, value: Any) -> float | int | None:
+    """An nvmlValue_t by its nvmlValueType_t (field values, sample buffers). A DOUBLE whose
+    upper 32 bits are 0 is an integer the driver mislabelled (r545 wrote memory temperature
+    as uiVal but said DOUBLE, nvbug 4300930): as a double it would be a denormal, never a
+    real reading. Non-finite doubles and all-ones sentinels are None."""
+    member = _MEMBERS.get(value_type)
     if member is None:
         return None
-    if int(entry.valueType) == _DOUBLE:
-        raw = _raw_u64(entry.value)
+    if value_type == _DOUBLE:
+        raw = _raw_u64(value)
         if raw >> 32 == 0:
             return raw
-        number = float(entry.value.dVal)
-        return number if number == number and abs(number) != float("inf") else None
-    value = int(getattr(entry.value, member))
-    if value == _SENTINELS.get(int(entry.valueType)):  # all ones: "not available"
+        number = float(value.dVal)
+        return number if math.isfinite(number) else None
+    number = int(getattr(value, member))
+    if number == _SENTINELS.get(value_type):  # all ones: "not available"
         return None
-    return value
+    return number
 
 
 def read(handle: Any, requests: Iterable[Request], call: Any) -> Values | None:

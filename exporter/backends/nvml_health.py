@@ -3,17 +3,18 @@
 Which generation answers what (shared/reference/nvml-extended.md §2, §4c): ECC on
 datacenter and pro boards only; page retirement Kepler..Turing, row remapping Ampere and
 newer (each answers NOT_SUPPORTED where the other applies); NVLink where links exist. A
-query that answers NOT_SUPPORTED is an absent value, never 0, and is not asked again until
-the next nvmlInit (the answer is a property of the board and driver).
+query that answers NOT_SUPPORTED is an absent value, never 0, and is asked again only once a
+minute (mostly a property of the board and driver; MIG changes some answers at run time).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import pynvml
 
-from ..nvml_errors import DeviceDown, Fallback
+from ..nvml_errors import LOST_CODES, DeviceDown, Fallback
 from ..samples import GpuHealth, NvLinkSample
 from . import nvml_fields
 
@@ -22,6 +23,7 @@ _ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
 _RETIREMENT_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # nvmlPageRetirementCause_t
 _NVLINK_ERRORS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # nvmlNvLinkErrorCounter_t
 _RECOVERY_ACTION_MAX = 255  # enum values 0..7 today; anything larger is garbage
+UNSUPPORTED_RECHECK = 60.0  # seconds a NOT_SUPPORTED answer is trusted before asking again
 MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS of the 13.x header: only the probing fallback uses it
 
 
@@ -39,9 +41,9 @@ class HealthReader:
         self._retired = Fallback(pynvml.nvmlDeviceGetRetiredPages)
         self._retired_pending = Fallback(pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
         self._remapped = Fallback(pynvml.nvmlDeviceGetRemappedRows)
-        self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState)
+        self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState, lenient=True)
         self._link_errors = Fallback(pynvml.nvmlDeviceGetNvLinkErrorCounter)
-        self._unsupported: set[tuple[str, str]] = set()  # (device key, query)
+        self._unsupported: dict[tuple[str, str], float] = {}  # (device key, query) -> when it said so
         self._links: dict[str, int] = {}  # device key -> link count, read once per init
 
     def forget(self) -> None:
@@ -50,12 +52,24 @@ class HealthReader:
         self._links.clear()
 
     def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """fn(*args), unless this device answered NOT_SUPPORTED to `what` since the last init."""
-        if (key, what) in self._unsupported:
+        """fn(*args) for a health or v2 value. NOT_SUPPORTED (None) is remembered for this
+        device for UNSUPPORTED_RECHECK seconds (some answers change at run time: remapped
+        rows and utilization samples while MIG is on); a failure other than a lost GPU is
+        an absent value this once (and asked again next time)."""
+        now = time.monotonic()
+        since = self._unsupported.get((key, what))
+        if since is not None and now - since < UNSUPPORTED_RECHECK:
             return None
-        value = fn(*args)
+        try:
+            value = fn(*args)
+        except DeviceDown as err:
+            if err.code in LOST_CODES:
+                raise
+            return None
         if value is None:
-            self._unsupported.add((key, what))
+            self._unsupported[(key, what)] = now
+        else:
+            self._unsupported.pop((key, what), None)
         return value
 
     def health(self, key: str, handle: Any, fields: nvml_fields.Values) -> GpuHealth:
@@ -108,10 +122,9 @@ class HealthReader:
         if count is None:
             count = 0
             for link in range(MAX_NVLINKS):
-                try:
-                    if self._link_state(handle, link) is None:
-                        break
-                except DeviceDown:  # INVALID_ARGUMENT: past the last link
+                # None: refused (INVALID_ARGUMENT past the last link, NOT_SUPPORTED); a lost
+                # GPU raises instead, and nothing is cached for it
+                if self._link_state(handle, link) is None:
                     break
                 count += 1
         self._links[key] = int(count)
@@ -131,7 +144,7 @@ class HealthReader:
                     moved.append((direction, int(kib) * 1024))  # the header says KiB
             errors = []
             for name, counter in _NVLINK_ERRORS:
-                value = self.ask(key, f"nvlink_errors.{counter}", self._link_errors, handle, link, counter)
+                value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter)
                 if value is not None and value != nvml_fields._U64_NA:
                     errors.append((name, int(value)))
             links.append(NvLinkSample(link=link, active=_flag(state), bytes=tuple(moved), errors=tuple(errors)))

@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 
 from exporter.logs import fields
-from exporter.nvml_errors import BackendDown, DeviceDown, Missing, call, describe
+from exporter.nvml_errors import BackendDown, DeviceDown, Missing, call, describe, field
 from exporter.samples import XidCount, XidState
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
@@ -31,6 +31,16 @@ _TIMEOUT = object()  # a wait that saw nothing; call() would report TIMEOUT as a
 def _pointer(handle: Any) -> int | None:
     """Handle identity: pynvml's POINTER objects never compare equal, their addresses do."""
     return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _uuid(handle: Any) -> str | None:
+    try:
+        value = field(pynvml.nvmlDeviceGetUUID, handle)
+    except BackendDown:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value or None
 
 
 def _wait(event_set: Any, wait_ms: int) -> Any:
@@ -132,7 +142,13 @@ class XidWatcher:
                         continue
                     generation, devices = self._generation, dict(self._devices)
                 failure: _Failed | None = None
-                if changed or due:
+                if (changed or due) and event_set is not None:
+                    # new, renumbered or earlier-failed GPUs join the live set: rebuilding it
+                    # would drop the events still queued on it (XIDs come in bursts, with a
+                    # failing GPU)
+                    retry_at = None
+                    failure = self._extend(event_set, table, devices, unsupported)
+                elif changed or due:
                     self._free(event_set)
                     event_set, table, failure = self._build(devices, unsupported)
                     retry_at, proven = None, event_set is None
@@ -204,6 +220,37 @@ class XidWatcher:
             self._duration = time.monotonic() - started
         return event_set, table, failure
 
+    def _extend(
+        self, event_set: Any, table: dict[int | None, str], devices: dict[str, Any], unsupported: set[tuple[str, int | None]]
+    ) -> _Failed | None:
+        """Register the GPUs the live set lacks and re-label renumbered handles. A GPU no
+        longer enumerated stays registered (there is no unregister call; a late event from it
+        is still counted under its UUID)."""
+        started = time.monotonic()
+        failure: _Failed | None = None
+        for uuid, handle in devices.items():
+            pointer = _pointer(handle)
+            if table.get(pointer) == uuid or (uuid, pointer) in unsupported:
+                continue
+            if pointer in table:  # the same device handle, now enumerated as this UUID
+                table[pointer] = uuid
+                continue
+            try:
+                ok = call(_register, handle, event_set)
+            except Missing:
+                ok = None
+            except (DeviceDown, BackendDown) as err:
+                failure = _Failed("register", err, isinstance(err, BackendDown))
+                continue
+            if ok:
+                table[pointer] = uuid
+            else:
+                unsupported.add((uuid, pointer))
+        with self._lock:
+            self._watched = frozenset(table.values())
+            self._duration = time.monotonic() - started
+        return failure
+
     def _receive(self, event_set: Any, table: dict[int | None, str]) -> None:
         """One bounded wait; an XID is counted under the UUID its handle was registered as."""
         try:
@@ -218,7 +265,9 @@ class XidWatcher:
             raise _Failed("wait", pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED))
         if data.eventType != XID_EVENT:
             return  # eventData is an XID only for XID events (gpud#164 counted "xid 0" from a clock event)
-        uuid = table.get(_pointer(data.device))
+        # the device's UUID now (one call per event, and events are rare), else the UUID it
+        # was registered as: right even if the GPUs were renumbered a moment ago
+        uuid = _uuid(data.device) or table.get(_pointer(data.device))
         if uuid is None:  # not a handle this set registered: nothing to attribute it to
             if not self._warned_unknown:
                 self._warned_unknown = True
