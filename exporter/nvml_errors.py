@@ -67,8 +67,9 @@ BACKEND_CODES = frozenset(
 )
 # Everything else (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN, TIMEOUT, INVALID_ARGUMENT for a
 # handle that vanished, ...) means the device is down.
-# For a health or v2 value (soft=True) only these do: any other failure of such a call makes
-# just that value absent, so one odd answer to a newer query never hides a working GPU.
+# For a health or v2 value only these do (backends/nvml_health.py HealthReader.ask): any
+# other failure of such a call makes just that value absent, so one odd answer to a newer
+# query never hides a working GPU.
 LOST_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, getattr(pynvml, "NVML_ERROR_RESET_REQUIRED", 16)})
 
 
@@ -101,17 +102,6 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
 
 
-def soft(fn: Callable[..., T], *args: Any) -> T | None:
-    """call() for a value that is not the device's life sign (health, v2 additions): a
-    failure other than a lost GPU (LOST_CODES) or library is an absent value."""
-    try:
-        return call(fn, *args)
-    except DeviceDown as err:
-        if err.code in LOST_CODES:
-            raise
-        return None
-
-
 def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:
     """A query of the driver's sample buffers (nvmlDeviceGetSamples): NOT_FOUND means
     "nothing newer than the timestamp you gave", which is an empty answer (), not an
@@ -138,9 +128,8 @@ class Fallback:
     """A query with older alternatives: the first call the driver has is kept for good,
     and a query the driver lacks altogether is no longer made (its value stays absent)."""
 
-    def __init__(self, *candidates: Callable[..., Any] | None, lenient: bool = False) -> None:
+    def __init__(self, *candidates: Callable[..., Any] | None) -> None:
         self._candidates = [c for c in candidates if c is not None]
-        self._call = soft if lenient else call  # lenient: a health or v2 value, see soft()
 
     @property
     def available(self) -> bool:
@@ -150,7 +139,7 @@ class Fallback:
     def __call__(self, *args: Any) -> Any:
         while self._candidates:
             try:
-                return self._call(self._candidates[0], *args)
+                return call(self._candidates[0], *args)
             except Missing:
                 self._candidates.pop(0)
         return None

@@ -241,10 +241,16 @@ def test_an_odd_answer_to_a_health_query_drops_that_value_not_the_gpu(run_export
         assert not per_gpu(s, name, GPU), name
     assert per_gpu(s, "resmon_gpu_nvlink_active", GPU) and per_gpu(s, "resmon_gpu_ecc_errors_total", GPU)
     assert s.value("resmon_gpu_memory_used_bytes", **GPU) >= 0
+    # the values are missing, so the collectors say so (their alerts are blind meanwhile)
+    assert s.value("resmon_collector_success", collector="health") == 0
+    assert s.value("resmon_collector_success", collector="nvlink") == 0
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+    assert "GPU query failed" in exporter.stderr
     # answers again at once: a one-off failure is not remembered as "not supported"
     scenario.update(**dict.fromkeys(odd))
     s = exporter.wait_for(lambda s: s.has("resmon_gpu_pcie_replays_total", **GPU))
     assert s.value("resmon_gpu_remapped_rows", cause="correctable", **GPU) == sc.HOPPER_REMAPPED["correctable"]
+    assert s.value("resmon_collector_success", collector="health") == 1
     # a lost GPU is still a lost GPU, whichever call says so
     scenario.update(**{"gpu.0.rc.nvmlDeviceGetEccMode": 15})
     exporter.wait_for(lambda s: s.value("resmon_gpu_up", **GPU) == 0)

@@ -95,13 +95,26 @@ def test_an_idle_stretch_is_not_filled_at_the_busy_mean():
     assert busy.add("g", "gpu", burst, now=at(600_900_000)) == pytest.approx(1.0)
 
 
-def test_after_an_empty_refresh_only_the_rest_of_a_full_ring_gap_is_filled():
+def test_a_full_ring_gap_is_filled_only_for_the_time_not_looked_at():
     busy = BusyIntegrator()
     busy.add("g", "gpu", series(0, 100_000, [0.0] * 10), now=at(900_000))
-    busy.add("g", "gpu", [], now=at(5_000_000))  # sampling paused: idle until here
+    busy.add("g", "gpu", [], now=at(5_000_000))  # looked at 5 s: nothing newer
     full = series(10_000_000, 100_000, [100.0] * 10)  # a full ring again: some was lost
     total = busy.add("g", "gpu", full, now=at(10_900_000))
-    assert total == pytest.approx(0.9 + (10_000_000 - 5_000_000) / 1e6)
+    assert total == pytest.approx(0.9 + (10_900_000 - 5_000_000 - 900_000) / 1e6)
+
+
+@pytest.mark.parametrize("hours", [0.5, 2])
+def test_hours_unread_are_not_filled_when_samples_come_back(hours):
+    # a GPU down, NVML away or MIG mode on: refreshes go on, the engine is not read
+    busy = BusyIntegrator()
+    busy.add("g", "gpu", series(0, 100_000, [100.0] * 10), now=at(900_000))
+    end = int(hours * 3600e6)
+    for t in range(15_000_000, end, 15_000_000):
+        busy.unread("g", now=at(t))
+    back = series(end, 100_000, [100.0] * 10)  # a full ring when it answers again
+    total = busy.add("g", "gpu", back, now=at(end + 900_000))
+    assert 0.9 + 0.9 <= total <= 0.9 + 0.9 + 15.1  # at most the last refresh interval filled
 
 
 def test_a_reinitialised_library_does_not_count_the_buffer_twice():
@@ -112,6 +125,16 @@ def test_a_reinitialised_library_does_not_count_the_buffer_twice():
     total = busy.add("g", "gpu", series(0, 100_000, [100.0] * 16), now=at(1_500_000))
     assert total == pytest.approx(1.5)  # only the 5 new samples were added
     assert busy.last_seen("g", "gpu") == 1_500_000
+
+
+def test_a_paused_ring_after_reinit_is_not_a_restarted_clock():
+    busy = BusyIntegrator()
+    ring = series(0, 100_000, [100.0] * 11)
+    busy.add("g", "gpu", ring, now=at(1_000_000))
+    busy.reset()
+    assert busy.add("g", "gpu", [], now=at(2_000_000)) == pytest.approx(1.0)  # nothing: still checking
+    assert busy.last_seen("g", "gpu") == 0
+    assert busy.add("g", "gpu", ring, now=at(3_000_000)) == pytest.approx(1.0)  # the same ring: not again
 
 
 def test_a_restarted_driver_clock_starts_over_without_going_back():
@@ -151,7 +174,9 @@ def test_not_supported_is_remembered_for_a_while_then_asked_again(monkeypatch):
 
     clock = [100.0]
     monkeypatch.setattr(nvml_health.time, "monotonic", lambda: clock[0])
-    reader = nvml_health.HealthReader()
+    import logging
+
+    reader = nvml_health.HealthReader(logging.getLogger("test.health"))
     assert reader.ask("g", "remapped", remapped, "h") is None
     assert reader.ask("g", "remapped", remapped, "h") is None and len(calls) == 1  # remembered
     clock[0] += nvml_health.UNSUPPORTED_RECHECK + 1
@@ -160,8 +185,9 @@ def test_not_supported_is_remembered_for_a_while_then_asked_again(monkeypatch):
     def flaky(handle):
         raise DeviceDown(999, "Unknown Error")
 
-    assert reader.ask("g", "ecc", flaky, "h") is None  # absent this once, not remembered
+    assert reader.ask("g", "ecc", flaky, "h", part="health") is None  # absent this once, not remembered
     assert ("g", "ecc") not in reader._unsupported
+    assert reader.take_failures() == {"health"} and reader.take_failures() == set()  # the collector is told
 
     def lost(handle):
         raise DeviceDown(15, "GPU is lost")

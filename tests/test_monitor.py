@@ -355,3 +355,26 @@ def test_closing_ends_the_xid_watcher_alongside_a_read_still_in_flight(nvml, log
     scenario.update(**{"delay_ms.nvmlDeviceGetCount_v2": None})
     wait_until(lambda: trace.count("nvmlShutdown") == 1)  # the reader shut NVML down after its read
     assert not xid_threads()
+
+
+def test_nvml_is_not_shut_down_under_a_stuck_xid_wait_nor_initialised_twice(nvml, log):
+    scenario, trace = nvml
+    with monitor(log, cache_ttl=0) as m:
+        m.snapshot()
+        wait_until(lambda: trace.count("nvmlEventSetWait_v2") > 0)
+        scenario.update(**{"delay_ms.nvmlEventSetWait_v2": 4000})  # the next wait hangs 4 s
+        waits = trace.count("nvmlEventSetWait_v2")
+        wait_until(lambda: trace.count("nvmlEventSetWait_v2") > waits)  # it is inside it now
+        scenario.update(**{"rc.nvmlDeviceGetCount_v2": DRIVER_NOT_LOADED})
+        m.snapshot()  # the library is lost: re-init wanted, but the watcher is inside NVML
+        scenario.update(**{"rc.nvmlDeviceGetCount_v2": None})
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # meanwhile: no shutdown under it, no second init
+            assert not m.snapshot().gpu_status.success
+            assert trace.count("nvmlShutdown") == 0 and trace.count("nvmlInitWithFlags") == 1
+            time.sleep(0.1)
+        scenario.update(**{"delay_ms.nvmlEventSetWait_v2": None})
+        wait_until(lambda: m.snapshot().gpu_status.success, timeout=15)
+        symbols = [s for s, _ in trace.lines()]
+        assert trace.count("nvmlShutdown") == 1 and trace.count("nvmlInitWithFlags") == 2
+        assert symbols.index("nvmlShutdown") < len(symbols) - 1 - symbols[::-1].index("nvmlInitWithFlags")

@@ -249,23 +249,39 @@ def test_a_lost_gpu_on_wait_rebuilds_with_backoff_and_counts_again(nvml, make, l
 
 
 @pytest.mark.parametrize("code", [GPU_IS_LOST, 999])
-def test_a_failed_registration_is_unhealthy_keeps_the_others_and_is_retried(nvml, make, log, code):
+def test_a_failed_registration_keeps_the_others_and_is_retried(nvml, make, log, code):
     scenario, trace = nvml
     scenario.update(**{"gpu.2.rc.nvmlDeviceRegisterEvents": code})
     watcher = make(min_backoff=0.05, max_backoff=0.1)
     watcher.watch(devices())
     wait_until(lambda: trace.count("nvmlDeviceRegisterEvents", device=2) >= 3, what="retries")
     state = watcher.state()
-    assert not state.healthy
-    if code == GPU_IS_LOST:  # the others stay watched while GPU 2 is retried
-        assert state.watched == frozenset({A, B})
+    if code == GPU_IS_LOST:  # that GPU is down (the backend says so): the watcher is not failing
+        assert state.healthy and state.watched == frozenset({A, B})
     else:  # UNKNOWN: the set is undefined (header), so it is rebuilt whole
-        assert state.watched == frozenset()
+        assert not state.healthy and state.watched == frozenset()
     scenario.update(**{"gpu.2.rc.nvmlDeviceRegisterEvents": None})
     wait_until(lambda: watcher.state().healthy and watcher.state().watched == frozenset(UUIDS))
     inject(scenario, (C, 79))
     assert received(watcher, scenario, marker=(A, 31)) == {(C, 79): 1}
-    assert len([r for r in log[1].records if r.levelno >= logging.WARNING]) == 1
+    warnings = [r for r in log[1].records if r.levelno >= logging.WARNING]
+    assert len(warnings) == (0 if code == GPU_IS_LOST else 1)
+
+
+def test_unknown_from_registering_a_new_gpu_rebuilds_the_set(nvml, make):
+    # a GPU that appears later joins the live set; UNKNOWN leaves that set undefined (header)
+    scenario, trace = nvml
+    watcher = make(min_backoff=0.05, max_backoff=0.1)
+    first = devices()
+    watcher.watch({A: first[A], B: first[B]})
+    wait_until(lambda: builds(trace) == 1)
+    scenario.update(**{"gpu.2.rc.nvmlDeviceRegisterEvents": 999})
+    watcher.watch(first)
+    wait_until(lambda: not watcher.state().healthy)
+    wait_until(lambda: trace.count("nvmlEventSetFree") >= 1, what="the undefined set freed")
+    scenario.update(**{"gpu.2.rc.nvmlDeviceRegisterEvents": None})
+    wait_until(lambda: watcher.state().healthy and watcher.state().watched == frozenset(UUIDS))
+    assert builds(trace) >= 2
 
 
 def test_a_lost_library_is_rebuilt_once_nvml_is_back(nvml, make):

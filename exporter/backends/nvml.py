@@ -166,22 +166,22 @@ class NvmlBackend:
         self._clock = _Fallback(pynvml.nvmlDeviceGetClockInfo)
         self._max_clock = _Fallback(pynvml.nvmlDeviceGetMaxClockInfo)
         self._pstate = _Fallback(pynvml.nvmlDeviceGetPerformanceState)
-        # v2: gpu additions, health, nvlink, xid; lenient: a failure other than a lost GPU
-        # leaves the value out instead of taking the device down
-        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"), lenient=True)
-        self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))  # via HealthReader.ask
-        self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization, lenient=True)
-        self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization, lenient=True)
-        self._pcie_gen = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, lenient=True)
+        # v2: gpu additions, health, nvlink, xid; called through HealthReader.ask: a failure
+        # other than a lost GPU leaves the value out instead of taking the device down
+        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"))
+        self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))
+        self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization)
+        self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization)
+        self._pcie_gen = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkGeneration)
         self._pcie_gen_max = _Fallback(
-            _optional("nvmlDeviceGetGpuMaxPcieLinkGeneration"), pynvml.nvmlDeviceGetMaxPcieLinkGeneration, lenient=True
+            _optional("nvmlDeviceGetGpuMaxPcieLinkGeneration"), pynvml.nvmlDeviceGetMaxPcieLinkGeneration
         )
-        self._pcie_width = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkWidth, lenient=True)
-        self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth, lenient=True)
-        self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter, lenient=True)
+        self._pcie_width = _Fallback(pynvml.nvmlDeviceGetCurrPcieLinkWidth)
+        self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth)
+        self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter)
         self._samples_missing = _optional("nvmlDeviceGetSamples") is None
         self._busy = BusyIntegrator()
-        self._health = HealthReader()  # also the "not supported on this board" memo
+        self._health = HealthReader(log)  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
@@ -189,6 +189,7 @@ class NvmlBackend:
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
         self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
         self._closing = False
+        self._shutdown_pending = False  # nvmlShutdown waits for a watcher stuck inside NVML
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -199,6 +200,11 @@ class NvmlBackend:
         """Initialise NVML unless the backoff says wait; True when it is usable."""
         if self._initialised:
             return True
+        if self._shutdown_pending:
+            if self._xid is not None and not self._xid.stop(0.0):
+                return False  # the watcher is still inside the old init
+            self._shutdown_pending = False
+            self._nvml_shutdown()
         now = time.monotonic()
         if now < self._next_attempt:
             return False
@@ -269,17 +275,22 @@ class NvmlBackend:
 
     def _shutdown(self) -> None:
         if self._initialised:
-            # the watcher's event set belongs to this init: stop it first, and leave NVML
-            # initialised if it is still inside a call (shutting down under it can crash;
-            # the init is kept, so no second one is taken on top of it)
-            if self._xid is not None and not self._xid.stop(_XID_STOP_TIMEOUT):
-                self._log.warning("XID watcher still inside NVML; not shutting NVML down")
-                return
             self._initialised = False
-            try:
-                pynvml.nvmlShutdown()
-            except Exception:  # the library is already gone or never answered: nothing to release
-                pass
+            # the watcher's event set belongs to this init: stop it first; if it is still
+            # inside a call, shutting down under it can crash, so the shutdown waits for it
+            # (try_init does it) and no new init is taken on top of the old one meanwhile
+            if self._xid is not None and not self._xid.stop(_XID_STOP_TIMEOUT):
+                self._log.warning("XID watcher still inside NVML; shutting NVML down once it returns")
+                self._shutdown_pending = True
+                return
+            self._nvml_shutdown()
+
+    @staticmethod
+    def _nvml_shutdown() -> None:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # the library is already gone or never answered: nothing to release
+            pass
 
     def close(self) -> None:
         self._shutdown()
@@ -335,17 +346,23 @@ class NvmlBackend:
         )
 
     def _parts(self, success: bool) -> tuple[PartStatus, ...]:
+        """health and nvlink fail with the read, and when one of their queries failed on an
+        answering GPU in it (the values are then missing, and their alerts blind)."""
+        failed = self._health.take_failures()
         parts = []
         if self._options.health:
-            parts.append(PartStatus("health", success, self._part_seconds["health"]))
+            ok = success and not failed & {"health", "fields"}
+            parts.append(PartStatus("health", ok, self._part_seconds["health"]))
         if self._options.nvlink and self._has_links:
-            parts.append(PartStatus("nvlink", success, self._part_seconds["nvlink"]))
+            ok = success and not failed & {"nvlink", "fields"}
+            parts.append(PartStatus("nvlink", ok, self._part_seconds["nvlink"]))
         return tuple(parts)
 
     def _unavailable(self) -> GpuReading:
         """No NVML right now. Before it ever worked (auto mode) the host simply has no GPU
         backend; after, or when NVML was asked for explicitly, it is a failure."""
         failing = self._ever_initialised or self._explicit
+        self._busy.unread_all()
         return GpuReading(
             backend="nvml" if failing else "none",
             success=not failing,
@@ -366,6 +383,7 @@ class NvmlBackend:
 
     def _down(self, key: str, err: DeviceDown | None) -> GpuSample:
         identity = self._identities[key]
+        self._busy.unread(key)  # not read now: not filled at the busy mean when it answers again
         if self._up.get(key, True):
             self._log.warning(
                 "GPU not answering; reporting resmon_gpu_up 0",
@@ -523,22 +541,27 @@ class NvmlBackend:
 
     def _read_v2(self, key: str, handle: Any) -> dict[str, Any]:
         """The v2 values of one device, from one field-value batch plus the plain calls."""
+        ask = self._health.ask
         requests = list(_GPU_FIELDS)
         if self._options.health:
             requests.append((nvml_fields.GPU_RECOVERY_ACTION, 0))
+
+        def batch(wanted: list[nvml_fields.Request]) -> nvml_fields.Values | None:
+            return nvml_fields.read(handle, wanted, lambda h, r: ask(key, "fields", self._fields, h, r, part="fields"))
+
         links = 0
         if self._options.nvlink:
             clock = time.perf_counter()
-            links = self._health.link_count(key, handle, lambda r: nvml_fields.read(handle, r, self._fields))
+            links = self._health.link_count(key, handle, batch)
             self._part_seconds["nvlink"] += time.perf_counter() - clock
             requests += self._health.link_requests(links)
             self._has_links = self._has_links or links > 0
-        fields = nvml_fields.read(handle, requests, self._fields) or {}
+        fields = batch(requests) or {}
         memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
         out: dict[str, Any] = {
             "memory_temperature_celsius": float(memory_temperature) if memory_temperature is not None else None,
-            "encoder_utilization_ratio": self._engine_ratio(self._encoder(handle)),
-            "decoder_utilization_ratio": self._engine_ratio(self._decoder(handle)),
+            "encoder_utilization_ratio": self._engine_ratio(ask(key, "encoder", self._encoder, handle)),
+            "decoder_utilization_ratio": self._engine_ratio(ask(key, "decoder", self._decoder, handle)),
             "busy_seconds": self._busy_seconds(key, handle),
             "clock_event_seconds": self._clock_events(key, handle, fields),
             "pcie_bytes": tuple(
@@ -576,19 +599,19 @@ class NvmlBackend:
         return tuple(out)
 
     def _pcie(self, key: str, handle: Any) -> dict[str, Any]:
-        if key not in self._pcie_max:  # the board's maxima do not change: once per init
-            self._pcie_max[key] = (
-                _pair("max", _u32(self._pcie_gen_max(handle))),
-                _pair("max", _u32(self._pcie_width_max(handle))),
-            )
-        gen_max, width_max = self._pcie_max[key]
-        gen = _pair("current", _u32(self._pcie_gen(handle)))
-        width = _pair("current", _u32(self._pcie_width(handle)))
-        replays = _u32(self._pcie_replays(handle))
+        ask = self._health.ask
+        # the board's maxima do not change: kept once answered (a failed or unsupported
+        # answer is asked again, see HealthReader.ask)
+        gen_max, width_max = self._pcie_max.get(key, (None, None))
+        gen_max = gen_max or _pair("max", _u32(ask(key, "pcie_gen_max", self._pcie_gen_max, handle)))
+        width_max = width_max or _pair("max", _u32(ask(key, "pcie_width_max", self._pcie_width_max, handle)))
+        self._pcie_max[key] = (gen_max, width_max)
+        gen = _pair("current", _u32(ask(key, "pcie_gen", self._pcie_gen, handle)))
+        width = _pair("current", _u32(ask(key, "pcie_width", self._pcie_width, handle)))
         return {
             "pcie_link_generation": tuple(p for p in (gen, gen_max) if p is not None),
             "pcie_link_width_lanes": tuple(p for p in (width, width_max) if p is not None),
-            "pcie_replays": replays,
+            "pcie_replays": _u32(ask(key, "pcie_replays", self._pcie_replays, handle)),
         }
 
     def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[str, float], ...]:
@@ -600,20 +623,23 @@ class NvmlBackend:
                 answer = self._health.ask(
                     key, f"samples.{engine}", nvml_errors.newer,
                     pynvml.nvmlDeviceGetSamples, handle, sampling_type, self._busy.last_seen(key, engine),
+                    part="gpu",
                 )
             except Missing:
                 self._samples_missing = True
                 break
             if answer is None:  # NOT_SUPPORTED (MIG mode, or this engine): absent
+                self._busy.unread(key)
                 continue
             samples: list[tuple[int, float]] = []
+            entries: Any = ()
             if answer:
                 value_type, entries = answer
                 for e in entries:
                     value = nvml_fields.union_value(int(value_type), e.sampleValue)
                     if value is not None:
                         samples.append((int(e.timeStamp), float(value)))
-            out.append((engine, self._busy.add(key, engine, samples)))
+            out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
         return tuple(out)
 
     def _process_count(self, handle: Any) -> int | None:

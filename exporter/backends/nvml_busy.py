@@ -5,15 +5,18 @@ in ~180 and aliases. The driver keeps a ring of samples (about one per 1/6 s on 
 GPUs; its length is driver-defined); each refresh takes the samples newer than the last one
 seen and adds value/100 x spacing to a counter, so rate() over any window is the true mean.
 
-Rules: each sample counts once, for the interval that ends at its timestamp. Timestamps are
-opaque (µs on the driver's clock, not the epoch): only differences and the last one seen
-are used. The first refresh counts what the buffer holds then. A gap longer than the
-spacing of the samples that follow it is either the ring overflowing between refreshes
-(the answer is as long as the longest seen: filled at the mean of those samples) or
-sampling having paused (an idle GPU's ring runs dry: a shorter answer, or a refresh that
-found nothing newer although a sample was due; that part counts as idle).
-After nvmlInit the next batch is checked against the last timestamp seen: a clock that
-continued is not counted twice, a restarted one starts over; totals never go down.
+Each sample counts once, for the interval that ends at its timestamp. Timestamps are the
+driver's (µs on its own clock): only differences are used. The first refresh counts what the
+ring holds then. Between the last sample seen and the first new one there is either:
+- the next sample on time (up to 1.5 x the spacing): its interval, counted;
+- a stretch lost to the ring overflowing, when the answer was as long as the ring: filled
+  at the mean of the samples that follow it, but never more than the time since this
+  engine was last looked at that the new samples do not cover (so hours of a GPU being
+  down, NVML away or MIG mode on are not filled);
+- else sampling had paused (an idle GPU's ring runs dry): only the first sample's own
+  interval is counted.
+After nvmlInit the next answer is compared with the last timestamp seen: a clock that went
+on is not counted twice, a restarted one starts over. The total never goes down.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 _US_PER_SECOND = 1e6
-# a first interval longer than this many times the batch's own spacing is a gap
+# an interval longer than this many times the spacing means samples were missing
 _GAP_FACTOR = 1.5
 
 
@@ -33,10 +36,9 @@ class _Engine:
     total_seconds: float = 0.0
     last_us: int | None = None  # newest timestamp seen; None: no starting point yet
     spacing_us: float | None = None  # typical spacing of recent samples
-    capacity: int = 0  # the most samples one answer has held: the ring's length, as far as seen
-    offset_us: float | None = None  # driver clock minus the monotonic clock, at the latest batch
-    dry_until_us: float | None = None  # driver time of the latest refresh that found nothing newer
-    verify: bool = False  # after nvmlInit: the next batch tells whether the clock continued
+    capacity: int = 0  # the longest answer seen: the ring's length, as far as known
+    looked_us: float | None = None  # monotonic time this engine was last looked at (read or not)
+    verify: bool = False  # after nvmlInit: the next answer tells whether the clock went on
 
 
 @dataclass(slots=True)
@@ -52,49 +54,64 @@ class BusyIntegrator:
             return 0
         return state.last_us
 
-    def add(self, key: str, engine: str, samples: Sequence[tuple[int, float]], now: float | None = None) -> float:
-        """Fold in (timestamp µs, percent) samples; the total in seconds. now: the monotonic
-        time of the read (default: now)."""
+    def add(
+        self, key: str, engine: str, samples: Sequence[tuple[int, float]], answered: int | None = None,
+        now: float | None = None,
+    ) -> float:
+        """Fold in one answer's (timestamp µs, percent) samples; the total in seconds.
+        answered: how many samples the driver returned (before unusable ones were dropped;
+        default len(samples)); now: the monotonic time of the read."""
         now_us = (time.monotonic() if now is None else now) * _US_PER_SECOND
         state = self._engines.setdefault((key, engine), _Engine())
+        answered = len(samples) if answered is None else answered
         clean = [(int(ts), min(max(float(v), 0.0), 100.0)) for ts, v in samples if math.isfinite(v)]
-        if state.verify:
+        if state.verify and clean:
             state.verify = False
-            if not clean or max(ts for ts, _ in clean) <= (state.last_us or 0):
-                state.last_us = state.spacing_us = state.dry_until_us = None  # restarted: start over
+            if max(ts for ts, _ in clean) < (state.last_us or 0):  # the driver's clock restarted
+                state.last_us = state.spacing_us = None
+                state.capacity = 0
         batch = sorted(s for s in clean if state.last_us is None or s[0] > state.last_us)
+        looked, state.looked_us = state.looked_us, now_us
         if not batch:
-            if state.last_us is not None and state.offset_us is not None and state.spacing_us is not None:
-                driver_now = now_us + state.offset_us
-                # nothing newer although a sample was due: sampling has paused (a refresh
-                # between two samples of a busy GPU is not that)
-                if driver_now - state.last_us > _GAP_FACTOR * state.spacing_us:
-                    state.dry_until_us = driver_now
             return state.total_seconds
         steps = [b[0] - a[0] for a, b in zip(batch, batch[1:]) if b[0] > a[0]]
         if steps:
             state.spacing_us = sorted(steps)[len(steps) // 2]
         busy_us = sum(value * (ts - prev) for (prev, _), (ts, value) in zip(batch, batch[1:])) / 100.0
-        full = len(batch) >= state.capacity  # a full ring may have dropped older samples
-        state.capacity = max(state.capacity, len(batch))
         if state.last_us is not None:
-            first_ts, first_value = batch[0]
-            start = state.last_us
-            if state.dry_until_us is not None:  # nothing was sampled up to then: idle
-                start = max(start, min(first_ts, int(state.dry_until_us)))
-            gap = first_ts - start
-            if state.spacing_us is not None and gap > _GAP_FACTOR * state.spacing_us:
-                if full:  # lost to the ring's overflow: the mean of what follows
-                    busy_us += sum(v for _, v in batch) / len(batch) * gap / 100.0
-                else:  # the ring kept everything since sampling resumed: before that, idle
-                    busy_us += first_value * state.spacing_us / 100.0
-            else:
-                busy_us += first_value * gap / 100.0
+            unseen = None if looked is None else now_us - looked - (batch[-1][0] - batch[0][0])
+            busy_us += self._first_interval(state, batch, answered, unseen)
         state.total_seconds += busy_us / _US_PER_SECOND
+        state.capacity = max(state.capacity, answered)
         state.last_us = batch[-1][0]
-        state.offset_us = batch[-1][0] - now_us
-        state.dry_until_us = None
         return state.total_seconds
+
+    @staticmethod
+    def _first_interval(state: _Engine, batch: list[tuple[int, float]], answered: int, unseen: float | None) -> float:
+        """Busy µs for the stretch from the last sample seen to the first new one. unseen:
+        the time since this engine was last looked at that the new samples do not cover."""
+        first_ts, first_value = batch[0]
+        assert state.last_us is not None
+        gap = first_ts - state.last_us
+        spacing = state.spacing_us
+        if spacing is None or gap <= _GAP_FACTOR * spacing:
+            return first_value * gap / 100.0  # the next sample, on time
+        if answered >= state.capacity and unseen is not None:  # a full ring: lost to its overflow
+            lost = max(min(gap, unseen), spacing)
+            return sum(v for _, v in batch) / len(batch) * lost / 100.0
+        return first_value * spacing / 100.0  # sampling had paused; the ring kept the rest
+
+    def unread(self, key: str, now: float | None = None) -> None:
+        """This refresh could not read the device's engines (GPU down, NVML away, not
+        supported now): the time up to here is not filled when samples come back."""
+        now_us = (time.monotonic() if now is None else now) * _US_PER_SECOND
+        for (k, _), state in self._engines.items():
+            if k == key:
+                state.looked_us = now_us
+
+    def unread_all(self, now: float | None = None) -> None:
+        for key in {k for k, _ in self._engines}:
+            self.unread(key, now)
 
     def total(self, key: str, engine: str) -> float | None:
         """The counter, or None before the first sample of that engine."""

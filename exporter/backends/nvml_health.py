@@ -9,11 +9,13 @@ minute (mostly a property of the board and driver; MIG changes some answers at r
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable
 
 import pynvml
 
+from ..logs import fields as log_fields
 from ..nvml_errors import LOST_CODES, DeviceDown, Fallback
 from ..samples import GpuHealth, NvLinkSample
 from . import nvml_fields
@@ -35,13 +37,16 @@ class HealthReader:
     """Reads one device's health values. Remembers per device key which queries the board
     does not support, so an H100 is not asked for retired pages on every refresh."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._warned: set[tuple[str, str, int | None]] = set()
+        self._failed: set[str] = set()  # parts with a failed query since take_failures()
         self._ecc_mode = Fallback(pynvml.nvmlDeviceGetEccMode)
         self._ecc_errors = Fallback(pynvml.nvmlDeviceGetTotalEccErrors)
         self._retired = Fallback(pynvml.nvmlDeviceGetRetiredPages)
         self._retired_pending = Fallback(pynvml.nvmlDeviceGetRetiredPagesPendingStatus)
         self._remapped = Fallback(pynvml.nvmlDeviceGetRemappedRows)
-        self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState, lenient=True)
+        self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState)
         self._link_errors = Fallback(pynvml.nvmlDeviceGetNvLinkErrorCounter)
         self._unsupported: dict[tuple[str, str], float] = {}  # (device key, query) -> when it said so
         self._links: dict[str, int] = {}  # device key -> link count, read once per init
@@ -51,11 +56,12 @@ class HealthReader:
         self._unsupported.clear()
         self._links.clear()
 
-    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu") -> Any:
         """fn(*args) for a health or v2 value. NOT_SUPPORTED (None) is remembered for this
         device for UNSUPPORTED_RECHECK seconds (some answers change at run time: remapped
-        rows and utilization samples while MIG is on); a failure other than a lost GPU is
-        an absent value this once (and asked again next time)."""
+        rows and utilization samples while MIG is on). A failure other than a lost GPU is an
+        absent value this once: logged (once per device, query and code) and counted against
+        `part`, whose collector then reports the refresh unsuccessful."""
         now = time.monotonic()
         since = self._unsupported.get((key, what))
         if since is not None and now - since < UNSUPPORTED_RECHECK:
@@ -65,6 +71,10 @@ class HealthReader:
         except DeviceDown as err:
             if err.code in LOST_CODES:
                 raise
+            self._failed.add(part)
+            if (key, what, err.code) not in self._warned:
+                self._warned.add((key, what, err.code))
+                self._log.warning("GPU query failed; leaving its value out", extra=log_fields(device=key, query=what, error=str(err)))
             return None
         if value is None:
             self._unsupported[(key, what)] = now
@@ -72,28 +82,33 @@ class HealthReader:
             self._unsupported.pop((key, what), None)
         return value
 
+    def take_failures(self) -> set[str]:
+        """The parts whose queries failed since the last call (one read)."""
+        failed, self._failed = self._failed, set()
+        return failed
+
     def health(self, key: str, handle: Any, fields: nvml_fields.Values) -> GpuHealth:
         ecc_enabled: list[tuple[str, int]] = []
         ecc_errors: list[tuple[str, str, int]] = []
-        mode = self.ask(key, "ecc_mode", self._ecc_mode, handle)
+        mode = self.ask(key, "ecc_mode", self._ecc_mode, handle, part="health")
         if mode is not None:
             current, pending = (_flag(m) for m in mode)
             ecc_enabled = [(m, v) for m, v in (("current", current), ("pending", pending)) if v is not None]
             if current:  # the counters need ECC on (they answer NOT_SUPPORTED otherwise)
                 for type_name, type_id in _ECC_TYPES:
                     for scope_name, scope_id in _ECC_SCOPES:
-                        count = self.ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id)
+                        count = self.ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id, part="health")
                         if count is not None and count != nvml_fields._U64_NA:
                             ecc_errors.append((type_name, scope_name, int(count)))
         retired: list[tuple[str, int]] = []
         for cause, cause_id in _RETIREMENT_CAUSES:
-            pages = self.ask(key, f"retired.{cause_id}", self._retired, handle, cause_id)
+            pages = self.ask(key, f"retired.{cause_id}", self._retired, handle, cause_id, part="health")
             if pages is not None:
                 retired.append((cause, len(pages)))
-        pending_pages = _flag(self.ask(key, "retired_pending", self._retired_pending, handle)) if retired else None
+        pending_pages = _flag(self.ask(key, "retired_pending", self._retired_pending, handle, part="health")) if retired else None
         remapped: list[tuple[str, int]] = []
         remap_pending = remap_failed = None
-        rows = self.ask(key, "remapped", self._remapped, handle)
+        rows = self.ask(key, "remapped", self._remapped, handle, part="health")
         if rows is not None:
             corrected, uncorrected, is_pending, failed = rows
             remapped = [("correctable", int(corrected)), ("uncorrectable", int(uncorrected))]
@@ -113,8 +128,9 @@ class HealthReader:
     # -- NVLink -------------------------------------------------------------------------
 
     def link_count(self, key: str, handle: Any, read_fields: Callable[[list[nvml_fields.Request]], nvml_fields.Values | None]) -> int:
-        """Links the device has: field 91 once per init (cheaper than probing 36 links),
-        else probing nvmlDeviceGetNvLinkState until a link index is refused."""
+        """Links the device has: field 91 (cheaper than probing 36 links), else probing
+        nvmlDeviceGetNvLinkState until a link index is refused. Kept once the answer is
+        definite; a failed probe is 0 this once and asked again."""
         if key in self._links:
             return self._links[key]
         answered = read_fields([(nvml_fields.NVLINK_LINK_COUNT, 0)])
@@ -122,10 +138,16 @@ class HealthReader:
         if count is None:
             count = 0
             for link in range(MAX_NVLINKS):
-                # None: refused (INVALID_ARGUMENT past the last link, NOT_SUPPORTED); a lost
-                # GPU raises instead, and nothing is cached for it
-                if self._link_state(handle, link) is None:
-                    break
+                try:
+                    if self._link_state(handle, link) is None:  # NOT_SUPPORTED: no NVLink
+                        break
+                except DeviceDown as err:
+                    if err.code == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                        break  # past the last link
+                    if err.code in LOST_CODES:
+                        raise
+                    self._failed.add("nvlink")
+                    return 0
                 count += 1
         self._links[key] = int(count)
         return int(count)
@@ -136,7 +158,7 @@ class HealthReader:
     def nvlinks(self, key: str, handle: Any, count: int, fields: nvml_fields.Values) -> tuple[NvLinkSample, ...]:
         links = []
         for link in range(count):
-            state = self._link_state(handle, link)
+            state = self.ask(key, f"nvlink_state.{link}", self._link_state, handle, link, part="nvlink")
             moved = []
             for direction, fid in (("transmit", nvml_fields.NVLINK_THROUGHPUT_DATA_TX), ("receive", nvml_fields.NVLINK_THROUGHPUT_DATA_RX)):
                 kib = fields.get((fid, link))
@@ -144,7 +166,7 @@ class HealthReader:
                     moved.append((direction, int(kib) * 1024))  # the header says KiB
             errors = []
             for name, counter in _NVLINK_ERRORS:
-                value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter)
+                value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter, part="nvlink")
                 if value is not None and value != nvml_fields._U64_NA:
                     errors.append((name, int(value)))
             links.append(NvLinkSample(link=link, active=_flag(state), bytes=tuple(moved), errors=tuple(errors)))

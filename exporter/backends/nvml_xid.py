@@ -20,7 +20,7 @@ from typing import Any
 import pynvml
 
 from exporter.logs import fields
-from exporter.nvml_errors import BackendDown, DeviceDown, Missing, call, describe, field
+from exporter.nvml_errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe, field
 from exporter.samples import XidCount, XidState
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
@@ -63,6 +63,18 @@ class _Failed(Exception):
         self.mode = mode
         self.code = getattr(err, "code", None)
         self.library_lost = library_lost
+        # a GPU that is lost right now cannot register: retried later, but the watcher is not
+        # failing for it (the backend already reports that GPU down)
+        self.quiet = mode == "register" and self.code in LOST_CODES
+        # the header: after UNKNOWN from a registration the set is undefined; free and rebuild
+        self.rebuild = library_lost or self.code == pynvml.NVML_ERROR_UNKNOWN
+
+
+def _worse(old: _Failed | None, new: _Failed) -> _Failed:
+    """Of two failures in one pass, the one that decides what happens next."""
+    if old is None or new.rebuild or (old.quiet and not new.quiet):
+        return new
+    return old
 
 
 class XidWatcher:
@@ -127,6 +139,7 @@ class XidWatcher:
         retry_at: float | None = None  # a rebuild is pending after a failure
         backoff = self._min_backoff
         proven = True  # the latest build has had a good wait (or has nothing to wait on)
+        loud = False  # a failure other than a lost GPU's registration awaits a good pass
         warned: set[str] = set()
         try:
             while True:
@@ -142,12 +155,19 @@ class XidWatcher:
                         continue
                     generation, devices = self._generation, dict(self._devices)
                 failure: _Failed | None = None
+                attempted = changed or due  # a (re)registration pass, not a wait
                 if (changed or due) and event_set is not None:
                     # new, renumbered or earlier-failed GPUs join the live set: rebuilding it
                     # would drop the events still queued on it (XIDs come in bursts, with a
                     # failing GPU)
                     retry_at = None
                     failure = self._extend(event_set, table, devices, unsupported)
+                    if failure is not None and failure.rebuild:
+                        if not failure.library_lost:  # a lost library already reclaimed the set
+                            self._free(event_set)
+                        event_set, table = None, {}
+                        with self._lock:
+                            self._watched = frozenset()
                 elif changed or due:
                     self._free(event_set)
                     event_set, table, failure = self._build(devices, unsupported)
@@ -165,9 +185,14 @@ class XidWatcher:
                             self._watched = frozenset()
                 if failure is not None:
                     retry_at = time.monotonic() + backoff
-                    self._failed(failure, warned, backoff)
+                    if not failure.quiet:
+                        self._failed(failure, warned, backoff)
                     backoff = min(backoff * 2, self._max_backoff)
-                elif proven and retry_at is None and not self._healthy:  # one bool: no lock needed
+                if failure is not None and not failure.quiet:
+                    loud = True  # healthy again only after a pass without such a failure
+                elif attempted:
+                    loud = False
+                if not loud and proven and not self._healthy:  # one bool: no lock needed
                     backoff = self._min_backoff  # it works again: the next outage starts short
                     warned.clear()  # and warns again
                     self._resumed()
@@ -201,8 +226,8 @@ class XidWatcher:
             except Missing:
                 ok = None
             except (DeviceDown, BackendDown) as err:
-                failure = _Failed("register", err, isinstance(err, BackendDown))
-                if failure.library_lost or failure.code == pynvml.NVML_ERROR_UNKNOWN:
+                failure = _worse(failure, _Failed("register", err, isinstance(err, BackendDown)))
+                if failure.rebuild:
                     break  # the set is gone or undefined (header): rebuild it all
                 continue
             if ok:
@@ -211,12 +236,12 @@ class XidWatcher:
                 unsupported.add((uuid, _pointer(handle)))
                 self._log.debug("XID events not supported", extra=fields(uuid=uuid))
         lost = failure is not None and failure.library_lost
-        if event_set is not None and (not table or lost or (failure is not None and failure.code == pynvml.NVML_ERROR_UNKNOWN)):
+        if event_set is not None and (not table or (failure is not None and failure.rebuild)):
             if not lost:  # a lost library already reclaimed it
                 self._free(event_set)
             event_set, table = None, {}  # nothing (usable) registered: no set, no periodic wakeups
         with self._lock:
-            self._watched = frozenset(table.values())
+            self._watched = frozenset(u for u in table.values() if u in devices)
             self._duration = time.monotonic() - started
         return event_set, table, failure
 
@@ -240,14 +265,16 @@ class XidWatcher:
             except Missing:
                 ok = None
             except (DeviceDown, BackendDown) as err:
-                failure = _Failed("register", err, isinstance(err, BackendDown))
+                failure = _worse(failure, _Failed("register", err, isinstance(err, BackendDown)))
+                if failure.rebuild:
+                    break  # the caller frees the set and builds a new one
                 continue
             if ok:
                 table[pointer] = uuid
             else:
                 unsupported.add((uuid, pointer))
         with self._lock:
-            self._watched = frozenset(table.values())
+            self._watched = frozenset(u for u in table.values() if u in devices)
             self._duration = time.monotonic() - started
         return failure
 
