@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import shutil
 import types
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 # no silent skips under CI=true (tests/ci_policy.py): pytest picks the hooks up from here
 from ci_policy import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
-from fakenvml import Exporter, Scenario, Trace, build_fake, nvml_env
+from fakenvml import Exporter, Records, Scenario, Trace, build_fake, nvml_env
 
 # -- the e2e marker ---------------------------------------------------------------------
 # e2e: a test that starts the exporter as a subprocess or drives Prometheus' tools. The
@@ -107,3 +108,14 @@ def run_exporter(fake_libs: dict[str, Path], scenario: Scenario, trace: Trace) -
     yield start
     for exporter in started:
         exporter.stop()
+
+
+@pytest.fixture
+def log(request: pytest.FixtureRequest) -> tuple[logging.Logger, Records]:
+    """A logger of its own for an in-process test, keeping every record (Records)."""
+    logger = logging.getLogger(f"test.{request.node.name}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    records = Records()
+    logger.handlers[:] = [records]
+    return logger, records

@@ -30,16 +30,6 @@ def nvml(fake_libs, tmp_path_factory, tmp_path, monkeypatch) -> tuple[Scenario, 
     return scenario, trace
 
 
-@pytest.fixture
-def log(request) -> tuple[logging.Logger, Records]:
-    logger = logging.getLogger(f"test.{request.node.name}")
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG)
-    records = Records()
-    logger.handlers[:] = [records]
-    return logger, records
-
-
 def monitor(log: tuple[logging.Logger, Records], **kwargs: Any) -> ResourceMonitor:
     return ResourceMonitor(logger=log[0], gpu_backend="nvml", **kwargs)
 

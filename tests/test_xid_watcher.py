@@ -18,7 +18,7 @@ import pytest
 
 from exporter.backends.nvml_xid import THREAD_NAME, XidWatcher
 from exporter.samples import XidState
-from fakenvml import Records, Scenario, Trace, load_in_process
+from fakenvml import Scenario, Trace, load_in_process
 from scenarios import GPU_IS_LOST, three_gpus
 
 UUIDS = [three_gpus()[f"gpu.{i}.uuid"] for i in range(3)]
@@ -36,16 +36,6 @@ def nvml(fake_libs, tmp_path_factory, tmp_path, monkeypatch) -> Iterator[tuple[S
         yield scenario, trace
     finally:
         pynvml.nvmlShutdown()
-
-
-@pytest.fixture
-def log(request) -> tuple[logging.Logger, Records]:
-    logger = logging.getLogger(f"test.{request.node.name}")
-    logger.propagate = False
-    logger.setLevel(logging.DEBUG)
-    records = Records()
-    logger.handlers[:] = [records]
-    return logger, records
 
 
 @pytest.fixture

@@ -218,23 +218,8 @@ class XidWatcher:
             event_set = None  # a driver without event sets: nothing to watch, nothing wrong
         except (DeviceDown, BackendDown) as err:
             failure = _Failed("create", err, isinstance(err, BackendDown))
-        for uuid, handle in devices.items() if event_set is not None else ():
-            if (uuid, _pointer(handle)) in unsupported:
-                continue
-            try:
-                ok = call(_register, handle, event_set)
-            except Missing:
-                ok = None
-            except (DeviceDown, BackendDown) as err:
-                failure = _worse(failure, _Failed("register", err, isinstance(err, BackendDown)))
-                if failure.rebuild:
-                    break  # the set is gone or undefined (header): rebuild it all
-                continue
-            if ok:
-                table[_pointer(handle)] = uuid
-            else:  # NOT_SUPPORTED (GeForce), no permission: this GPU has no XID series
-                unsupported.add((uuid, _pointer(handle)))
-                self._log.debug("XID events not supported", extra=fields(uuid=uuid))
+        if event_set is not None:
+            failure = self._extend(event_set, table, devices, unsupported)
         lost = failure is not None and failure.library_lost
         if event_set is not None and (not table or (failure is not None and failure.rebuild)):
             if not lost:  # a lost library already reclaimed it
@@ -267,12 +252,13 @@ class XidWatcher:
             except (DeviceDown, BackendDown) as err:
                 failure = _worse(failure, _Failed("register", err, isinstance(err, BackendDown)))
                 if failure.rebuild:
-                    break  # the caller frees the set and builds a new one
+                    break  # the set is gone or undefined (header): the caller frees it and builds anew
                 continue
             if ok:
                 table[pointer] = uuid
-            else:
+            else:  # NOT_SUPPORTED (GeForce), no permission: this GPU has no XID series
                 unsupported.add((uuid, pointer))
+                self._log.debug("XID events not supported", extra=fields(uuid=uuid))
         with self._lock:
             self._watched = frozenset(u for u in table.values() if u in devices)
             self._duration = time.monotonic() - started
