@@ -11,14 +11,14 @@ from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from . import health_collector
 from .monitor import ResourceMonitor
 from .samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
+from .series import GPU_LABELS
+from .series import put as _put
 from .version import __version__
 
-GPU_LABELS = ["gpu", "uuid"]
 
 # (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.
 _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], ...] = (
@@ -98,13 +98,6 @@ FAMILIES: dict[str, str] = {
 }
 
 
-def _put(family: Metric, labels: dict[str, str], value: float) -> None:
-    """family.add_metric() without re-zipping the label names for every sample: a device's
-    label dicts are built once per scrape and shared (exposition only reads them)."""
-    name = family.name + "_total" if family.type == "counter" else family.name
-    family.samples.append(Sample(name, labels, value))
-
-
 def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     reading = snap.gpu
     if reading is None:
@@ -172,7 +165,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     yield clock
     yield clock_max
     yield throttle
-    yield from health_collector.families(reading)
+    yield from health_collector.families(reading, up_devices, labels)
 
     backend = GaugeMetricFamily(
         "resmon_gpu_backend_info", "The GPU backend in use, value 1.", labels=["backend"]

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.samples import Sample
 
 from .samples import GpuReading, GpuSample
-
-GPU_LABELS = ["gpu", "uuid"]
+from .series import GPU_LABELS, DeviceLabels
+from .series import put as _put
 
 GPU_ADDITIONS: dict[str, str] = {
     "resmon_gpu_memory_temperature_celsius": "gauge",
@@ -49,19 +48,14 @@ NVLINK: dict[str, str] = {
 FAMILIES: dict[str, str] = {**GPU_ADDITIONS, **HEALTH, **XID, **NVLINK}
 
 
-def _family(name: str, doc: str, extra: list[str] = []) -> Metric:  # noqa: B006 (read only)
+def _family(name: str, doc: str, extra: tuple[str, ...] = ()) -> Metric:
     if FAMILIES[name] == "counter":
-        return CounterMetricFamily(name[: -len("_total")], doc, labels=GPU_LABELS + extra)
-    return GaugeMetricFamily(name, doc, labels=GPU_LABELS + extra)
-
-
-def _put(family: Metric, labels: dict[str, str], value: float) -> None:
-    name = family.name + "_total" if family.type == "counter" else family.name
-    family.samples.append(Sample(name, labels, value))
+        return CounterMetricFamily(name[: -len("_total")], doc, labels=[*GPU_LABELS, *extra])
+    return GaugeMetricFamily(name, doc, labels=[*GPU_LABELS, *extra])
 
 
 def _labelled(
-    family: Metric, devices: list[GpuSample], base: dict[int, dict[str, str]], label: str,
+    family: Metric, devices: list[GpuSample], base: DeviceLabels, label: str,
     get: Callable[[GpuSample], tuple[tuple[str, float], ...]],
 ) -> Metric:
     for g in devices:
@@ -70,7 +64,7 @@ def _labelled(
     return family
 
 
-def _plain(family: Metric, devices: list[GpuSample], base: dict[int, dict[str, str]], get: Callable[[GpuSample], float | None]) -> Metric:
+def _plain(family: Metric, devices: list[GpuSample], base: DeviceLabels, get: Callable[[GpuSample], float | None]) -> Metric:
     for g in devices:
         value = get(g)
         if value is not None:
@@ -78,13 +72,7 @@ def _plain(family: Metric, devices: list[GpuSample], base: dict[int, dict[str, s
     return family
 
 
-def _labels(reading: GpuReading) -> tuple[list[GpuSample], dict[int, dict[str, str]]]:
-    up = [g for g in reading.devices if g.up]
-    return up, {id(g): {"gpu": str(g.identity.index), "uuid": g.identity.uuid} for g in up}
-
-
-def gpu_additions(reading: GpuReading) -> Iterator[Metric]:
-    up, base = _labels(reading)
+def gpu_additions(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
     yield _plain(_family("resmon_gpu_memory_temperature_celsius", "HBM temperature in degrees Celsius (absent on GDDR boards)."),
                  up, base, lambda g: g.memory_temperature_celsius)
     yield _plain(_family("resmon_gpu_encoder_utilization_ratio", "Video encoder busy fraction of its last sample period (0-1)."),
@@ -94,30 +82,29 @@ def gpu_additions(reading: GpuReading) -> Iterator[Metric]:
     yield _labelled(
         _family("resmon_gpu_busy_seconds_total",
                 "Seconds the engine was busy, integrated from the driver's utilization samples: rate() is the true mean utilization.",
-                ["engine"]),
+                ("engine",)),
         up, base, "engine", lambda g: g.busy_seconds)
     yield _labelled(
         _family("resmon_gpu_clock_event_seconds_total", "Seconds the clocks were held by this clock-event reason since the driver loaded.",
-                ["reason"]),
+                ("reason",)),
         up, base, "reason", lambda g: g.clock_event_seconds)
-    yield _labelled(_family("resmon_gpu_pcie_link_generation", "PCIe link generation, current and the GPU's maximum.", ["bound"]),
+    yield _labelled(_family("resmon_gpu_pcie_link_generation", "PCIe link generation, current and the GPU's maximum.", ("bound",)),
                     up, base, "bound", lambda g: g.pcie_link_generation)
-    yield _labelled(_family("resmon_gpu_pcie_link_width_lanes", "PCIe link width in lanes, current and maximum.", ["bound"]),
+    yield _labelled(_family("resmon_gpu_pcie_link_width_lanes", "PCIe link width in lanes, current and maximum.", ("bound",)),
                     up, base, "bound", lambda g: g.pcie_link_width_lanes)
     yield _plain(_family("resmon_gpu_pcie_replays_total", "PCIe replays since the driver loaded."), up, base, lambda g: g.pcie_replays)
-    yield _labelled(_family("resmon_gpu_pcie_bytes_total", "Bytes moved over PCIe since the driver loaded.", ["direction"]),
+    yield _labelled(_family("resmon_gpu_pcie_bytes_total", "Bytes moved over PCIe since the driver loaded.", ("direction",)),
                     up, base, "direction", lambda g: g.pcie_bytes)
 
 
-def health_families(reading: GpuReading) -> Iterator[Metric]:
-    up, base = _labels(reading)
+def health_families(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
     with_health = [g for g in up if g.health is not None]
 
-    ecc = _family("resmon_gpu_ecc_enabled", "1 when ECC is on; mode current or pending (after the next reboot).", ["mode"])
+    ecc = _family("resmon_gpu_ecc_enabled", "1 when ECC is on; mode current or pending (after the next reboot).", ("mode",))
     errors = _family("resmon_gpu_ecc_errors_total",
-                     "ECC errors; scope volatile (since driver load) or aggregate (board lifetime).", ["type", "scope"])
-    retired = _family("resmon_gpu_retired_pages", "Memory pages retired, by cause (pre-Ampere boards).", ["cause"])
-    remapped = _family("resmon_gpu_remapped_rows", "Memory rows remapped, by cause (Ampere and newer).", ["cause"])
+                     "ECC errors; scope volatile (since driver load) or aggregate (board lifetime).", ("type", "scope"))
+    retired = _family("resmon_gpu_retired_pages", "Memory pages retired, by cause (pre-Ampere boards).", ("cause",))
+    remapped = _family("resmon_gpu_remapped_rows", "Memory rows remapped, by cause (Ampere and newer).", ("cause",))
     for g in with_health:
         h = g.health
         assert h is not None
@@ -153,8 +140,8 @@ def xid_families(reading: GpuReading) -> Iterator[Metric]:
     for g in reading.devices:  # a UUID's current index; a vanished GPU keeps its last one
         if g.identity.uuid and (g.identity.uuid not in index or g.up):
             index[g.identity.uuid] = str(g.identity.index)
-    errors = _family("resmon_gpu_xid_errors_total", "XID error events received since the exporter started.", ["xid"])
-    last = _family("resmon_gpu_xid_last_timestamp_seconds", "Unix time the latest XID event of this code was received.", ["xid"])
+    errors = _family("resmon_gpu_xid_errors_total", "XID error events received since the exporter started.", ("xid",))
+    last = _family("resmon_gpu_xid_last_timestamp_seconds", "Unix time the latest XID event of this code was received.", ("xid",))
     for c in sorted(state.counts, key=lambda c: (index.get(c.uuid, ""), c.uuid, c.xid)):
         labels = {"gpu": index.get(c.uuid, ""), "uuid": c.uuid, "xid": str(c.xid)}
         _put(errors, labels, c.count)
@@ -163,11 +150,10 @@ def xid_families(reading: GpuReading) -> Iterator[Metric]:
     yield last
 
 
-def nvlink_families(reading: GpuReading) -> Iterator[Metric]:
-    up, base = _labels(reading)
-    active = _family("resmon_gpu_nvlink_active", "1 when the NVLink is active.", ["link"])
-    moved = _family("resmon_gpu_nvlink_bytes_total", "Data bytes over the NVLink since the driver loaded.", ["link", "direction"])
-    errors = _family("resmon_gpu_nvlink_errors_total", "NVLink data-link errors since the driver loaded.", ["link", "type"])
+def nvlink_families(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
+    active = _family("resmon_gpu_nvlink_active", "1 when the NVLink is active.", ("link",))
+    moved = _family("resmon_gpu_nvlink_bytes_total", "Data bytes over the NVLink since the driver loaded.", ("link", "direction"))
+    errors = _family("resmon_gpu_nvlink_errors_total", "NVLink data-link errors since the driver loaded.", ("link", "type"))
     for g in up:
         for link in g.nvlinks:
             labels = {**base[id(g)], "link": str(link.link)}
@@ -182,13 +168,14 @@ def nvlink_families(reading: GpuReading) -> Iterator[Metric]:
     yield errors
 
 
-def families(reading: GpuReading) -> Iterator[Metric]:
-    """Every v2 family the reading's active collectors serve."""
-    yield from gpu_additions(reading)
+def families(reading: GpuReading, up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
+    """Every v2 family the reading's active collectors serve. up: its answering devices;
+    base: their labels, as the gpu collector built them for this scrape."""
+    yield from gpu_additions(up, base)
     parts = {p.name for p in reading.parts}
     if "health" in parts:
-        yield from health_families(reading)
+        yield from health_families(up, base)
     if reading.xid is not None:
         yield from xid_families(reading)
     if "nvlink" in parts:
-        yield from nvlink_families(reading)
+        yield from nvlink_families(up, base)

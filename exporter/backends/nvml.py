@@ -40,8 +40,7 @@ from .nvml_busy import BusyIntegrator
 from .nvml_health import HealthReader
 from .nvml_xid import XidWatcher
 
-_U32_NA = 0xFFFFFFFF
-_U64_NA = 0xFFFFFFFFFFFFFFFF
+_U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
 _SAMPLE_TYPES = dict(zip(BUSY_ENGINES, (1, 2, 3, 4)))  # nvmlSamplingType_t: GPU, MEMORY, ENC, DEC
 # Field values read in every device's one batch (the health and nvlink ones are added when on).
 _GPU_FIELDS: tuple[nvml_fields.Request, ...] = (

@@ -11,8 +11,6 @@ import math
 import struct
 from typing import Any, Iterable
 
-import pynvml
-
 from .. import nvml_errors
 
 # Field ids (nvml.h, NVML_FI_DEV_*); pynvml lacks some constants on older bindings.
@@ -38,14 +36,14 @@ CLOCK_EVENT_FIELDS: tuple[tuple[str, int, int | None], ...] = (
 # prints microseconds after converting. One named constant, so a hardware check that
 # proves otherwise changes one line.
 CLOCK_EVENT_UNITS_PER_SECOND = 1e9
-ALL_LINKS = 0xFFFFFFFF  # scopeId: the sum over every link
 
-_U32_NA = 0xFFFFFFFF
-_U64_NA = 0xFFFFFFFFFFFFFFFF
+# NVML's all-ones "not available" values
+U32_NA = 0xFFFFFFFF
+U64_NA = 0xFFFFFFFFFFFFFFFF
 # nvmlValueType_t -> union member
 _MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _DOUBLE = 0
-_SENTINELS = {1: _U32_NA, 2: _U64_NA, 3: _U64_NA}  # unsigned types' all-ones value
+_SENTINELS = {1: U32_NA, 2: U64_NA, 3: U64_NA}  # unsigned types' all-ones value
 
 Request = tuple[int, int]  # (field id, scope id)
 Values = dict[Request, float | int]
@@ -106,8 +104,3 @@ def in_range(value: float | int | None, low: float, high: float) -> float | int 
     if value is None or not low <= value <= high:
         return None
     return value
-
-
-def field_values_call() -> Any:
-    """The batched call, by reference to the pynvml wrapper (it marshals (id, scope) pairs)."""
-    return pynvml.nvmlDeviceGetFieldValues

@@ -98,7 +98,7 @@ class HealthReader:
                 for type_name, type_id in _ECC_TYPES:
                     for scope_name, scope_id in _ECC_SCOPES:
                         count = self.ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id, part="health")
-                        if count is not None and count != nvml_fields._U64_NA:
+                        if count is not None and count != nvml_fields.U64_NA:
                             ecc_errors.append((type_name, scope_name, int(count)))
         retired: list[tuple[str, int]] = []
         for cause, cause_id in _RETIREMENT_CAUSES:
@@ -167,7 +167,7 @@ class HealthReader:
             errors = []
             for name, counter in _NVLINK_ERRORS:
                 value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter, part="nvlink")
-                if value is not None and value != nvml_fields._U64_NA:
+                if value is not None and value != nvml_fields.U64_NA:
                     errors.append((name, int(value)))
             links.append(NvLinkSample(link=link, active=_flag(state), bytes=tuple(moved), errors=tuple(errors)))
         return tuple(links)
