@@ -1,5 +1,6 @@
 # resmon-exporter image: slim Python, non-root, NVML from the NVIDIA container runtime,
-# the gpu-tracker extra included for hosts where only nvidia-smi / amd-smi work.
+# the gpu-tracker extra for hosts where only nvidia-smi / amd-smi work, the kubernetes
+# extra (grpcio, protobuf) for the kubelet PodResources socket.
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
@@ -8,7 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip install ".[gpu-tracker]" && rm -rf /src \
+RUN pip install ".[gpu-tracker,kubernetes]" && rm -rf /src \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin resmon
 
 USER 10001

@@ -91,6 +91,12 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"invalid number {text!r}: want a whole number, 1 or more")
+    return int(text)
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -141,6 +147,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.health", True, _bool, "Enable the GPU health collector (ECC, retired pages, remapped rows, recovery action).", boolean=True),
     Flag("collector.xid", True, _bool, "Enable the XID error event collector (one NVML event thread).", boolean=True),
     Flag("collector.nvlink", True, _bool, "Enable the NVLink collector (inactive on GPUs without links).", boolean=True),
+    Flag("collector.processes", False, _bool, "Enable per-process GPU memory and utilization (process names and users become visible to scrapers).", boolean=True),
+    Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
+    Flag("collector.processes.max-per-gpu", 64, _positive_int, "Most process series per GPU and family, the largest by memory."),
+    Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
+    Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
+    Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", str, "The kubelet's PodResources API socket."),
+    Flag("kubernetes.cache-ttl", 5.0, _duration(_HOUR), "Reuse the kubelet's List answer this long."),
+    Flag("kubernetes.pod-logs-dir", "/var/log/pods", str, "The kubelet's pod log directory: pod UID to namespace and name, for process series."),
     Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
     Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
     Flag("log.format", "logfmt", _choice(("logfmt", "json")), "Log format: logfmt or json."),
@@ -163,6 +177,14 @@ class Config:
     collector_health: bool
     collector_xid: bool
     collector_nvlink: bool
+    collector_processes: bool
+    collector_processes_group_by: str
+    collector_processes_max_per_gpu: int
+    path_procfs: str
+    collector_kubernetes: bool
+    kubernetes_pod_resources_socket: str
+    kubernetes_cache_ttl: float
+    kubernetes_pod_logs_dir: str
     collector_host: bool
     log_level: str
     log_format: str
@@ -261,6 +283,9 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
     except WebConfigError as exc:
         print(f"{PROG}: error: --web.config.file={config.web_config_file}: {exc}", file=sys.stderr)
         return 2
+    if config.collector_processes and config.collector_gpu and not Path(config.path_procfs, "self").is_dir() and not Path(config.path_procfs, "1").is_dir():
+        print(f"{PROG}: error: --path.procfs={config.path_procfs}: not a procfs mount (no self or 1 in it)", file=sys.stderr)
+        return 2
     try:
         monitor = ResourceMonitor(
             cache_ttl=config.collect_cache_ttl,
@@ -271,6 +296,14 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
             collect_health=config.collector_health,
             collect_nvlink=config.collector_nvlink,
             collect_xid=config.collector_xid,
+            collect_processes=config.collector_processes,
+            processes_group_by=config.collector_processes_group_by,
+            processes_max_per_gpu=config.collector_processes_max_per_gpu,
+            procfs=config.path_procfs,
+            collect_kubernetes=config.collector_kubernetes,
+            pod_resources_socket=config.kubernetes_pod_resources_socket,
+            kubernetes_cache_ttl=config.kubernetes_cache_ttl,
+            pod_logs_dir=config.kubernetes_pod_logs_dir,
             logger=log,
         )
     except BackendError as exc:

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import health_collector
+from . import health_collector, process_collector
 from .monitor import ResourceMonitor
 from .samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 from .series import GPU_LABELS
@@ -78,6 +78,7 @@ FAMILIES: dict[str, str] = {
     "resmon_gpu_clock_max_hertz": "gauge",
     "resmon_gpu_throttle_active": "gauge",
     **health_collector.FAMILIES,
+    **process_collector.FAMILIES,
     "resmon_cpu_utilization_ratio": "gauge",
     "resmon_cpu_seconds_total": "counter",
     "resmon_cpu_logical_cores": "gauge",
@@ -215,6 +216,8 @@ def exporter_families(snap: Snapshot) -> Iterator[Metric]:
     if snap.gpu_status is not None:
         statuses.append(("gpu", snap.gpu_status))
         statuses += _gpu_part_statuses(snap.gpu, snap.gpu_status)
+    if snap.kubernetes_status is not None:
+        statuses.append(("kubernetes", snap.kubernetes_status))
     if snap.host_status is not None:
         statuses.append(("host", snap.host_status))
     success = GaugeMetricFamily(
@@ -250,8 +253,10 @@ def _gpu_part_statuses(reading: GpuReading | None, gpu: CollectorStatus) -> list
     return out
 
 
-def snapshot_families(snap: Snapshot) -> Iterator[Metric]:
+def snapshot_families(snap: Snapshot, group_by: str = "process", max_per_gpu: int = 64) -> Iterator[Metric]:
     yield from gpu_families(snap)
+    yield from process_collector.process_families(snap.processes, group_by, max_per_gpu)
+    yield from process_collector.allocation_families(snap.allocations)
     yield from host_families(snap.host)
     yield from exporter_families(snap)
 
@@ -273,7 +278,8 @@ class ResourceCollector(Collector):
     def families(self, snap: Snapshot) -> list[Metric]:
         """The families of one given snapshot: the HTTP router renders a pinned snapshot
         through this, so one scrape reads one snapshot."""
-        return list(snapshot_families(snap))
+        monitor = self._monitor
+        return list(snapshot_families(snap, monitor.processes_group_by, monitor.processes_max_per_gpu))
 
     def collect(self) -> Iterable[Metric]:
         return self.families(self._monitor.snapshot())

@@ -19,12 +19,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from . import attribution
 from .backends import GpuBackend, GpuOptions, make_backend
 from .host import HostReader
+from .kubernetes.kubelet import KubeletReader, KubeletState
+from .kubernetes.podlogs import pod_names
 from .logs import LOGGER_NAME, fields
-from .samples import CollectorStatus, GpuReading, HostSample, Snapshot
+from .procfs import ProcReader
+from .samples import AllocationSample, CollectorStatus, GpuReading, HostSample, ProcessSample, Snapshot
 
 GIB = 1024**3
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 # A read whose caller gave it the whole --collect.timeout may have started a moment after
 # the caller did: it counts as hung this much early.
@@ -185,7 +190,11 @@ class ResourceMonitor:
     memory_threshold and cpu_threshold (percent) keep the Mai assistant's
     is_system_overloaded() working; the keyword arguments match the CLI flags. backend: a
     GpuBackend object to use instead of gpu_backend. collect_health / collect_nvlink /
-    collect_xid: the collectors read along with the GPUs (NVML only). Use it as a context manager, or call
+    collect_xid: the collectors read along with the GPUs (NVML only). collect_processes:
+    per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
+    processes_group_by / processes_max_per_gpu for /metrics). collect_kubernetes: the
+    kubelet's PodResources socket, when it exists (pod_logs_dir: the kubelet's pod log
+    directories, for the pod names of processes). Use it as a context manager, or call
     close(), to stop its thread and release NVML.
     """
 
@@ -204,6 +213,14 @@ class ResourceMonitor:
         collect_health: bool = True,
         collect_nvlink: bool = True,
         collect_xid: bool = True,
+        collect_processes: bool = False,
+        processes_group_by: str = "process",
+        processes_max_per_gpu: int = 64,
+        procfs: str = "/proc",
+        collect_kubernetes: bool = True,
+        pod_resources_socket: str = POD_RESOURCES_SOCKET,
+        kubernetes_cache_ttl: float = 5.0,
+        pod_logs_dir: str = "/var/log/pods",
     ) -> None:
         self.memory_threshold = memory_threshold
         self.cpu_threshold = cpu_threshold
@@ -211,11 +228,20 @@ class ResourceMonitor:
         self._timeout = collect_timeout
         self._log = logger or logging.getLogger(LOGGER_NAME)
         if collect_gpu and backend is None:
-            options = GpuOptions(health=collect_health, nvlink=collect_nvlink, xid=collect_xid)
+            options = GpuOptions(
+                health=collect_health, nvlink=collect_nvlink, xid=collect_xid,
+                processes=collect_processes, mig_devices=collect_kubernetes,
+            )
             backend = make_backend(gpu_backend, self._log, collect_timeout, options)
         self._backend: GpuBackend | None = backend if collect_gpu else None
         self._reader = _GpuReader(self._backend, self._log) if self._backend is not None else None
         self._host = HostReader() if collect_host else None
+        self.processes_group_by = processes_group_by
+        self.processes_max_per_gpu = processes_max_per_gpu
+        self._procs = ProcReader(procfs) if collect_processes and self._backend is not None else None
+        self._kubelet = KubeletReader(pod_resources_socket, kubernetes_cache_ttl, self._log) if collect_kubernetes else None
+        self._kube_lock = threading.Lock()
+        self._pod_logs_dir = pod_logs_dir
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
@@ -315,8 +341,33 @@ class ResourceMonitor:
         complete = True
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
-        snap = Snapshot(gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic())
+        kube = self._read_kubelet(deadline)  # after the GPU: a slow kubelet only spends what is left
+        allocations = attribution.allocations(gpu, kube) if kube is not None else None
+        snap = Snapshot(
+            gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
+            processes=self._attribute(gpu, kube, allocations),
+            allocations=allocations,
+            kubernetes_status=CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None,
+        )
         return snap, complete
+
+    def _read_kubelet(self, deadline: float) -> KubeletState | None:
+        """The kubelet's allocations (cached), waiting at most until this caller's deadline,
+        and at most collect_timeout; None when the collector is off or has no socket."""
+        if self._kubelet is None:
+            return None
+        with self._kube_lock:  # one List at a time; a late caller's refresh waits here at most one call
+            return self._kubelet.read(min(deadline - time.monotonic(), self._timeout))
+
+    def _attribute(
+        self, gpu: GpuReading | None, kube: KubeletState | None, allocations: tuple[AllocationSample, ...] | None
+    ) -> tuple[ProcessSample, ...] | None:
+        if self._procs is None:
+            return None
+        names = None
+        if self._kubelet is not None and gpu is not None and any(d.process_list for d in gpu.devices):
+            names = pod_names(self._pod_logs_dir)  # a directory listing: cheap, and pods come and go
+        return attribution.processes(gpu, self._procs, names, allocations)
 
     def _await_gpu(
         self, reader: _GpuReader, target: int, started: float, deadline: float
@@ -434,6 +485,24 @@ class ResourceMonitor:
                 "power_watts": g.power_watts,
             }
             for g in snap.gpu.devices
+        ]
+
+    def get_gpu_processes(self) -> list[dict[str, Any]]:
+        """The processes on the GPUs, from the same snapshot as /metrics (one entry per
+        process and GPU, largest VRAM first): gpu index, uuid, pid, process (its comm),
+        user, memory_bytes (None where the driver hides it), utilization (engine -> ratio
+        since the previous refresh), container_id, pod_uid, namespace, pod, container ("" where
+        unknown). Empty when the processes collector is off (collect_processes=False)."""
+        snap = self.snapshot()
+        rows = sorted(snap.processes or (), key=lambda p: (-(p.memory_bytes or 0), p.gpu, p.pid))
+        return [
+            {
+                "gpu": p.gpu, "uuid": p.uuid, "pid": p.pid, "process": p.process, "user": p.user,
+                "memory_bytes": p.memory_bytes, "utilization": dict(p.utilization),
+                "container_id": p.container_id, "pod_uid": p.pod_uid,
+                "namespace": p.namespace, "pod": p.pod, "container": p.container,
+            }
+            for p in rows
         ]
 
     def can_load_model(self, model_size_gb: float) -> bool:

@@ -103,15 +103,17 @@ def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
 
 
 def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:
-    """A query of the driver's sample buffers (nvmlDeviceGetSamples): NOT_FOUND means
-    "nothing newer than the timestamp you gave", which is an empty answer (), not an
-    unsupported value (None). Otherwise as call()."""
+    """A query of the driver's sample buffers (nvmlDeviceGetSamples,
+    nvmlDeviceGetProcessUtilization): NOT_FOUND means "nothing newer than the timestamp you
+    gave", which is an empty answer (), not an unsupported value (None); so is pynvml's
+    "NVML Error with code 0" (its process-utilization wrapper raises when the size query
+    finds nothing to size). Otherwise as call()."""
 
     def attempt() -> T | tuple[()]:
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            if exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+            if exc.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
                 return ()
             raise
 

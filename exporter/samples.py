@@ -40,6 +40,9 @@ CLOCK_EVENT_REASONS: tuple[str, ...] = (
     "reliability",
 )
 
+# Engines of resmon_gpu_process_utilization_ratio, with their nvmlProcessUtilizationSample_t fields.
+PROCESS_ENGINES: tuple[tuple[str, str], ...] = (("sm", "smUtil"), ("memory", "memUtil"), ("encoder", "encUtil"), ("decoder", "decUtil"))
+
 CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -79,6 +82,15 @@ class NvLinkSample:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process in a device's compute or graphics list, as the driver reports it."""
+
+    pid: int
+    memory_bytes: int | None  # None: the driver hides it (MIG without privilege, WDDM)
+    utilization: tuple[tuple[str, float], ...] = ()  # (engine, ratio since the previous refresh); empty: unsupported
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One device in one refresh. When up is False only the identity is meaningful."""
 
@@ -111,6 +123,8 @@ class GpuSample:
     pcie_bytes: tuple[tuple[str, int], ...] = ()  # (direction: transmit|receive, bytes)
     health: GpuHealth | None = None  # None: the health collector is off
     nvlinks: tuple[NvLinkSample, ...] = ()  # empty: no links, or the nvlink collector is off
+    process_list: tuple[GpuProcess, ...] | None = None  # None: processes collector off, or no list
+    mig_uuids: tuple[str, ...] = ()  # UUIDs of the MIG devices while MIG is on (kubernetes device ids)
 
 
 def in_order(samples: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
@@ -203,6 +217,37 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process on one GPU with who it belongs to; empty strings where unknown."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    process: str  # the process's comm
+    user: str
+    container_id: str
+    pod_uid: str
+    namespace: str
+    pod: str
+    container: str
+    memory_bytes: int | None
+    utilization: tuple[tuple[str, float], ...]  # (engine, ratio); empty where unsupported
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationSample:
+    """One device id a container holds, resolved to a GPU of this backend."""
+
+    gpu: int
+    uuid: str
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One refresh of every enabled subsystem; None where a collector is disabled."""
 
@@ -211,6 +256,9 @@ class Snapshot:
     host: HostSample | None
     host_status: CollectorStatus | None
     taken_monotonic: float
+    processes: tuple[ProcessSample, ...] | None = None  # None: the processes collector is off
+    allocations: tuple[AllocationSample, ...] | None = None  # None: kubernetes collector off or inactive
+    kubernetes_status: CollectorStatus | None = None
 
     def gpu_by_index(self, index: int) -> GpuSample | None:
         if self.gpu is None:

@@ -15,11 +15,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
-    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid)."""
+    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes);
+    mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them)."""
 
     health: bool = True
     nvlink: bool = True
     xid: bool = True
+    processes: bool = False
+    mig_devices: bool = False
 
 
 class BackendError(Exception):

@@ -27,7 +27,9 @@ from ..nvml_errors import BackendDown, DeviceDown, Fallback as _Fallback, Missin
 from ..samples import (
     BUSY_ENGINES,
     CLOCK_TYPES,
+    PROCESS_ENGINES,
     GpuIdentity,
+    GpuProcess,
     GpuReading,
     GpuSample,
     PartStatus,
@@ -179,12 +181,17 @@ class NvmlBackend:
         self._pcie_width_max = _Fallback(pynvml.nvmlDeviceGetMaxPcieLinkWidth)
         self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter)
         self._samples_missing = _optional("nvmlDeviceGetSamples") is None
+        self._process_util = _optional("nvmlDeviceGetProcessUtilization")
+        self._process_seen: dict[str, int] = {}  # device key -> newest process sample timestamp (µs)
+        self._mig_mode = _Fallback(_optional("nvmlDeviceGetMigMode"))
+        self._mig_count = _Fallback(_optional("nvmlDeviceGetMaxMigDeviceCount"))
+        self._mig_handle = _Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
         self._busy = BusyIntegrator()
         self._health = HealthReader(log)  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
-        self._part_seconds = {"health": 0.0, "nvlink": 0.0}
+        self._part_seconds = {"health": 0.0, "nvlink": 0.0, "processes": 0.0}
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
         self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
         self._closing = False
@@ -219,6 +226,7 @@ class NvmlBackend:
         self._complete.clear()
         self._count = -1
         self._busy.reset()  # the driver's sample clock may have restarted
+        self._process_seen.clear()
         self._health.forget()
         self._pcie_max.clear()
         try:
@@ -355,6 +363,8 @@ class NvmlBackend:
         if self._options.nvlink and self._has_links:
             ok = success and not failed & {"nvlink", "fields"}
             parts.append(PartStatus("nvlink", ok, self._part_seconds["nvlink"]))
+        if self._options.processes:
+            parts.append(PartStatus("processes", success and "processes" not in failed, self._part_seconds["processes"]))
         return tuple(parts)
 
     def _unavailable(self) -> GpuReading:
@@ -532,7 +542,7 @@ class NvmlBackend:
             clock_hertz=tuple(clocks),
             performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             throttle_reasons=reasons if reasons is not None and reasons != _U64_NA else None,
-            processes=self._process_count(handle),
+            **self._processes(key, handle),
             **self._read_v2(key, handle),
         )
 
@@ -641,10 +651,75 @@ class NvmlBackend:
             out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
         return tuple(out)
 
-    def _process_count(self, handle: Any) -> int | None:
+    def _processes(self, key: str, handle: Any) -> dict[str, Any]:
+        """resmon_gpu_processes, and with the processes collector each process's memory and
+        utilization. A process in both lists is one process (gpustat #84), its memory the
+        larger of the two entries (the same allocation, reported twice)."""
         compute = self._compute_procs(handle)
         graphics = self._graphics_procs(handle)
+        out: dict[str, Any] = {"mig_uuids": self._mig_uuids(key, handle)} if self._options.mig_devices else {}
         if compute is None and graphics is None:
+            return {**out, "processes": None}
+        memory: dict[int, int | None] = {}
+        for p in [*(compute or []), *(graphics or [])]:
+            pid, used = int(p.pid), p.usedGpuMemory  # pynvml: None for NVML_VALUE_NOT_AVAILABLE
+            used = None if used is None or used == _U64_NA else int(used)
+            known = memory.get(pid)
+            memory[pid] = used if known is None else max(known, used) if used is not None else known
+        out["processes"] = len(memory)
+        if self._options.processes:
+            clock = time.perf_counter()
+            ratios = self._process_utilization(key, handle, set(memory))
+            out["process_list"] = tuple(
+                GpuProcess(pid, used, ratios.get(pid, ()) if ratios is not None else ()) for pid, used in sorted(memory.items())
+            )
+            self._part_seconds["processes"] += time.perf_counter() - clock
+        return out
+
+    def _process_utilization(self, key: str, handle: Any, pids: set[int]) -> dict[int, tuple[tuple[str, float], ...]] | None:
+        """Each listed process's mean utilization per engine over the driver's samples since
+        the previous refresh (a listed process without new samples was idle: 0). None where
+        the GPU does not report it (MIG on). The newest timestamp is passed back, so a sample
+        is counted once; samples of processes no longer listed are dropped."""
+        if self._process_util is None or not pids:
+            return None if self._process_util is None else {}
+        seen = self._process_seen.get(key, 0)
+        try:
+            answer = self._health.ask(key, "process_utilization", nvml_errors.newer, self._process_util, handle, seen, part="processes")
+        except Missing:  # a driver without it: utilization absent from now on
+            self._process_util = None
             return None
-        # one process can be in both lists (gpustat #84)
-        return len({p.pid for p in (compute or [])} | {p.pid for p in (graphics or [])})
+        if answer is None:
+            return None
+        sums: dict[int, list[float]] = {}
+        for sample in answer:
+            stamp, pid = int(sample.timeStamp), int(sample.pid)
+            if stamp <= seen or pid not in pids:
+                continue
+            self._process_seen[key] = max(self._process_seen.get(key, 0), stamp)
+            acc = sums.setdefault(pid, [0.0] * (len(PROCESS_ENGINES) + 1))
+            for i, (_, attr) in enumerate(PROCESS_ENGINES):
+                acc[i] += min(max(float(getattr(sample, attr)), 0.0), 100.0)  # >100 seen (nvtop #110)
+            acc[-1] += 1
+        out = {}
+        for pid in pids:
+            acc = sums.get(pid)
+            out[pid] = tuple(
+                (engine, (acc[i] / acc[-1] / 100.0) if acc else 0.0) for i, (engine, _) in enumerate(PROCESS_ENGINES)
+            )
+        return out
+
+    def _mig_uuids(self, key: str, handle: Any) -> tuple[str, ...]:
+        """The MIG devices' UUIDs while MIG is on (device plugins hand these to pods)."""
+        mode = self._health.ask(key, "mig_mode", self._mig_mode, handle)
+        if not mode or int(mode[0]) != 1:  # [current, pending]; 1 = NVML_DEVICE_MIG_ENABLE
+            return ()
+        count = self._health.ask(key, "mig_count", self._mig_count, handle) or 0
+        uuids = []
+        for i in range(int(count)):
+            mig = self._health.ask(key, f"mig_handle.{i}", self._mig_handle, handle, i)
+            if mig is not None:
+                uuid = _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, mig))
+                if uuid:
+                    uuids.append(uuid)
+        return tuple(uuids)

@@ -1,0 +1,115 @@
+"""Who uses the GPU: joins the driver's process lists, procfs and the kubelet's allocations.
+
+- A device id the kubelet reports (GPU-..., MIG-..., replicas ::N, indices, PCI ids) is
+  resolved to one of the backend's GPUs; an id that resolves to none (another vendor's
+  device, a GPU this backend does not see) is left out.
+- A process's container and pod UID come from its cgroup; namespace and pod from the
+  kubelet's pod log directories (by UID: the PodResources API carries no UID); the
+  container name from the pod's allocations on that GPU, or the pod's only container.
+  Each process is attributed by its own cgroup: pods sharing a GPU never inherit each
+  other's (or the whole device's) numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from .kubernetes.deviceids import DeviceRef, normalise_pci, parse_device_id
+from .kubernetes.kubelet import KubeletState
+from .kubernetes.podlogs import PodName
+from .procfs import ProcReader
+from .samples import AllocationSample, GpuReading, GpuSample, ProcessSample
+
+# Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI
+# ids are unique on the host whatever the resource is called.
+_INDEXED_RESOURCES = ("nvidia.com/",)
+
+
+class _Devices:
+    """The reading's GPUs, looked up the ways device plugins name them."""
+
+    def __init__(self, devices: Iterable[GpuSample]) -> None:
+        self.by_uuid: dict[str, GpuSample] = {}
+        self.by_mig: dict[str, GpuSample] = {}
+        self.by_index: dict[int, GpuSample] = {}
+        self.by_pci: dict[str, GpuSample] = {}
+        for d in devices:
+            ident = d.identity
+            if ident.uuid:
+                self.by_uuid[ident.uuid] = d
+            for mig in d.mig_uuids:
+                self.by_mig[mig] = d
+            if ident.index not in self.by_index or d.up:  # a vanished GPU keeps its last index
+                self.by_index[ident.index] = d
+            if ident.pci_bus_id:
+                self.by_pci[normalise_pci(ident.pci_bus_id)] = d
+
+    def resolve(self, ref: DeviceRef, resource: str) -> GpuSample | None:
+        if ref.uuid:
+            return self.by_uuid.get(ref.uuid)
+        if ref.mig_uuid:
+            return self.by_mig.get(ref.mig_uuid)
+        if ref.mig_parent_uuid:
+            return self.by_uuid.get(ref.mig_parent_uuid)
+        if ref.pci_bus_id:
+            return self.by_pci.get(normalise_pci(ref.pci_bus_id))
+        if ref.index is not None and resource.startswith(_INDEXED_RESOURCES):
+            return self.by_index.get(ref.index)
+        return None
+
+
+def allocations(reading: GpuReading | None, state: KubeletState) -> tuple[AllocationSample, ...]:
+    """One sample per container and device id that resolves to a GPU, duplicates (old
+    kubelets list terminal pods too) merged, sorted for stable output."""
+    if reading is None:
+        return ()
+    devices = _Devices(reading.devices)
+    out: set[AllocationSample] = set()
+    for a in state.allocations:
+        ref = parse_device_id(a.device_id)
+        gpu = devices.resolve(ref, a.resource) if ref is not None else None
+        if gpu is not None:
+            out.add(AllocationSample(gpu.identity.index, gpu.identity.uuid, a.namespace, a.pod, a.container, a.resource, a.device_id))
+    return tuple(sorted(out, key=lambda s: (s.gpu, s.uuid, s.namespace, s.pod, s.container, s.device_id)))
+
+
+def processes(
+    reading: GpuReading | None,
+    procs: ProcReader,
+    names: dict[str, PodName] | None,
+    allocated: tuple[AllocationSample, ...] | None,
+) -> tuple[ProcessSample, ...]:
+    """The processes of every answering GPU with their owners. A process that exited since
+    the driver listed it is skipped. names: pod UID -> names (None: kubernetes off)."""
+    if reading is None:
+        return ()
+    holders: dict[tuple[str, str, str], set[str]] = {}  # (uuid, namespace, pod) -> containers holding that GPU
+    for a in allocated or ():
+        holders.setdefault((a.uuid, a.namespace, a.pod), set()).add(a.container)
+    out = []
+    for d in reading.devices:
+        if not d.up or d.process_list is None:
+            continue
+        uuid = d.identity.uuid
+        for p in d.process_list:
+            info = procs.read(p.pid)
+            if info is None:
+                continue
+            ref = info.container
+            namespace = pod = container = ""
+            name = names.get(ref.pod_uid) if names and ref.pod_uid else None
+            if name is not None:
+                namespace, pod = name.namespace, name.pod
+                held = holders.get((uuid, namespace, pod), set())
+                if len(held) == 1:
+                    container = next(iter(held))
+                elif len(name.containers) == 1:
+                    container = name.containers[0]
+            out.append(
+                ProcessSample(
+                    gpu=d.identity.index, uuid=uuid, pid=p.pid, process=info.comm, user=info.user,
+                    container_id=ref.container_id, pod_uid=ref.pod_uid, namespace=namespace, pod=pod,
+                    container=container, memory_bytes=p.memory_bytes, utilization=p.utilization,
+                )
+            )
+    return tuple(out)

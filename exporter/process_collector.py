@@ -1,0 +1,98 @@
+"""Metric families of the processes and kubernetes collectors.
+
+processes: one series per process (group-by=process) or per container (group-by=container,
+summed; pid, process and user left out), at most max_per_gpu per GPU and family (per
+engine for utilization), the largest by memory. kubernetes: resmon_gpu_allocation_info.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from .samples import AllocationSample, ProcessSample
+from .series import GPU_LABELS
+from .series import put as _put
+
+GROUP_BY: tuple[str, ...] = ("process", "container")
+OWNER_LABELS = ["container_id", "pod_uid", "namespace", "pod", "container"]
+PROCESS_LABELS = ["pid", "process", "user"]
+PROCESSES: dict[str, str] = {
+    "resmon_gpu_process_memory_used_bytes": "gauge",
+    "resmon_gpu_process_utilization_ratio": "gauge",
+}
+KUBERNETES: dict[str, str] = {"resmon_gpu_allocation_info": "gauge"}
+FAMILIES: dict[str, str] = {**PROCESSES, **KUBERNETES}
+
+_Row = tuple[dict[str, str], int | None, dict[str, float]]  # labels, memory bytes, engine -> ratio
+
+
+def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> dict[str, list[_Row]]:
+    """By GPU uuid-and-index key, the rows to serve, before the per-GPU limit."""
+    per_gpu: dict[str, list[_Row]] = {}
+    merged: dict[tuple[str, ...], _Row] = {}
+    for p in processes:
+        gpu_key = f"{p.gpu}/{p.uuid}"
+        labels = {"gpu": str(p.gpu), "uuid": p.uuid}
+        if group_by == "process":
+            labels.update(pid=str(p.pid), process=p.process, user=p.user)
+        labels.update(container_id=p.container_id, pod_uid=p.pod_uid, namespace=p.namespace, pod=p.pod, container=p.container)
+        util = dict(p.utilization)
+        if group_by == "process":
+            per_gpu.setdefault(gpu_key, []).append((labels, p.memory_bytes, util))
+            continue
+        key = tuple(labels.values())
+        known = merged.get(key)
+        if known is None:
+            merged[key] = (labels, p.memory_bytes, util)
+            per_gpu.setdefault(gpu_key, [])
+            continue
+        _, memory, ratios = known
+        if p.memory_bytes is not None:
+            memory = p.memory_bytes + (memory or 0)
+        for engine, ratio in util.items():
+            ratios[engine] = min(1.0, ratios.get(engine, 0.0) + ratio)  # processes of one container share the engine
+        merged[key] = (labels, memory, ratios)
+    for labels, memory, ratios in merged.values():
+        per_gpu[f"{labels['gpu']}/{labels['uuid']}"].append((labels, memory, ratios))
+    return per_gpu
+
+
+def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str, max_per_gpu: int) -> Iterator[Metric]:
+    if processes is None:
+        return
+    extra = (PROCESS_LABELS if group_by == "process" else []) + OWNER_LABELS
+    memory = GaugeMetricFamily(
+        "resmon_gpu_process_memory_used_bytes",
+        "VRAM used by the process (or the container's processes) on this GPU, in bytes.",
+        labels=GPU_LABELS + extra,
+    )
+    util = GaugeMetricFamily(
+        "resmon_gpu_process_utilization_ratio",
+        "Mean utilization of the GPU engine by the process (or container) since the previous refresh (0-1).",
+        labels=GPU_LABELS + extra + ["engine"],
+    )
+    for rows in _rows(processes, group_by).values():
+        rows.sort(key=lambda r: (-(r[1] if r[1] is not None else -1), tuple(r[0].values())))
+        for labels, used, ratios in rows[:max_per_gpu]:
+            if used is not None:
+                _put(memory, labels, used)
+            for engine, ratio in ratios.items():
+                _put(util, {**labels, "engine": engine}, ratio)
+    yield memory
+    yield util
+
+
+def allocation_families(allocations: tuple[AllocationSample, ...] | None) -> Iterator[Metric]:
+    if allocations is None:
+        return
+    info = GaugeMetricFamily(
+        "resmon_gpu_allocation_info",
+        "A device the kubelet assigned to a container (PodResources List), value 1.",
+        labels=GPU_LABELS + ["namespace", "pod", "container", "resource", "device_id"],
+    )
+    for a in allocations:
+        _put(info, {"gpu": str(a.gpu), "uuid": a.uuid, "namespace": a.namespace, "pod": a.pod,
+                    "container": a.container, "resource": a.resource, "device_id": a.device_id}, 1)
+    yield info
