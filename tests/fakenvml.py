@@ -63,6 +63,34 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
                                    with the count, NOT_FOUND (6) when none is newer than lastSeen.
     xid_supported=0|1, global xid_events=<uuid>:<code>,...   event sets (fake_events.c)
 
+Process keys (issue 11; the contract is /work/briefs/issue11.md), per GPU as gpu.<i>.<key>.
+Without them every call answers as before:
+
+    processes=pid:bytes,...        nvmlDevice{Compute,Graphics}RunningProcesses_v2/_v3, at most
+    graphics_processes=...         512 entries a list (more: warned about, the first 512 kept);
+                                   pid:na = usedGpuMemory 0xFFFFFFFFFFFFFFFF (pynvml: None)
+    process_util=pid:sm:mem:enc:dec[@ts_us],...   nvmlDeviceGetProcessUtilization samples (at
+                                   most 1024), in this order; several may name one pid; values
+                                   as given (may exceed 100). No @ts: timeStamp = the scenario's
+                                   load time (µs since the epoch, CLOCK_REALTIME) + the entry's
+                                   position (0, 1, ...); a later load always stamps past every
+                                   stamp an earlier one handed out, so a rewrite answers newer
+                                   samples. Returned: timeStamp > lastSeenTimeStamp only; none
+                                   (also unset): NOT_FOUND (6), count 0; NULL buffer or a count
+                                   too small: INSUFFICIENT_SIZE (7) with the count needed; a
+                                   malformed entry: warned about, the key ignored.
+    process_util_supported=0|1     (default 1) 0: NOT_SUPPORTED (3), as on a MIG-enabled GPU
+    mig_uuids=MIG-a,MIG-b,...      MIG on (also when empty: no instance), at most 8 devices.
+                                   GetMigMode [1, 1]; GetMaxMigDeviceCount = the number listed;
+                                   GetMigDeviceHandleByIndex(parent, i): a MIG handle for i <
+                                   that number, else NOT_FOUND; on the MIG handle GetUUID = its
+                                   uuid, IsMigDeviceHandle 1, GetDeviceHandleFromMigDeviceHandle
+                                   = the parent's GetHandleByIndex handle; every other call
+                                   INVALID_ARGUMENT (2), so is a MIG handle whose device a reload
+                                   took away. MIG calls are traced and overridden (rc.*, delay_ms.*)
+                                   as the parent GPU. Unset: GetMigMode, GetMaxMigDeviceCount and
+                                   GetMigDeviceHandleByIndex NOT_SUPPORTED, IsMigDeviceHandle 0.
+
 Boards built from these keys: tests/scenarios.py hopper_board, volta_board, consumer_board,
 health_machine (the exact values are constants there).
 

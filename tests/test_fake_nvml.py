@@ -577,3 +577,262 @@ def test_malformed_health_keys_are_reported(nvml, capfd):
                 "nvlink.0.errors.bogus"):
         assert f"ignoring unknown scenario key gpu.0.{key}\n" in err, key
     raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetEccMode, h)  # a bad value leaves the default
+
+
+# -- processes, per-process utilization, MIG (issue 11), in-process through the real pynvml --
+
+import collections
+
+from fakenvml import GIB
+
+NA = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as usedGpuMemory
+MIG_A = "MIG-3f8e1b2c-5d4a-5e6f-9a0b-1c2d3e4f5a6b"
+MIG_B = "MIG-77aa0c1d-2b3c-5d4e-8f90-a1b2c3d4e5f6"
+PROCESS_SYMBOLS = ("nvmlDeviceGetProcessUtilization", "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount",
+                   "nvmlDeviceGetMigDeviceHandleByIndex", "nvmlDeviceIsMigDeviceHandle",
+                   "nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+
+
+def address(handle) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def procs(found) -> list:
+    return [(p.pid, p.usedGpuMemory) for p in found]
+
+
+def utils(samples) -> list:
+    return [(s.pid, s.smUtil, s.memUtil, s.encUtil, s.decUtil) for s in samples]
+
+
+def epoch_us() -> int:
+    return time.time_ns() // 1000
+
+
+def test_process_and_mig_symbols_are_exported_by_both_builds(fake_libs):
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf missing")
+    for build in ("current", "old"):  # all of them predate R535
+        syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(fake_libs[build] / "libnvidia-ml.so.1")],
+                              capture_output=True, text=True).stdout
+        for symbol in PROCESS_SYMBOLS:
+            assert f" {symbol}\n" in syms, (build, symbol)
+
+
+def test_process_lists_with_unknown_memory(nvml):
+    (h,) = nvml({"gpu.0.processes": f"101:{GIB},102:na,103:0,104", "gpu.0.graphics_processes": "201:na,202:7"})
+    want = [(101, GIB), (102, None), (103, 0), (104, 0)]
+    assert procs(pynvml.nvmlDeviceGetComputeRunningProcesses(h)) == want  # _v3
+    assert procs(pynvml.nvmlDeviceGetComputeRunningProcesses_v2(h)) == want
+    assert procs(pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)) == [(201, None), (202, 7)]
+    count = ctypes.c_uint(8)
+    buf = (pynvml.c_nvmlProcessInfo_v2_t * 8)()
+    assert lib().nvmlDeviceGetComputeRunningProcesses_v3(h, ctypes.byref(count), buf) == SUCCESS
+    assert count.value == 4 and buf[1].usedGpuMemory == NA  # the raw sentinel pynvml turned into None
+    assert (buf[1].gpuInstanceId, buf[1].computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+
+
+
+def test_three_hundred_processes_through_the_two_call_protocol(nvml, capfd):
+    entries = [(1000 + i, (i + 1) * 1024**2) for i in range(300)]
+    line = ",".join(f"{pid}:{mem}" for pid, mem in entries)
+    assert len(line) > 4096  # longer than the fake's old line buffer, too
+    capfd.readouterr()
+    (h,) = nvml({"gpu.0.processes": line, "gpu.0.graphics_processes": line})
+    assert procs(pynvml.nvmlDeviceGetComputeRunningProcesses(h)) == entries
+    assert procs(pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2(h)) == entries
+    fn = lib().nvmlDeviceGetComputeRunningProcesses_v3
+    count = ctypes.c_uint(0)
+    assert fn(h, ctypes.byref(count), None) == INSUFFICIENT_SIZE and count.value == 300
+    buf = (pynvml.c_nvmlProcessInfo_v2_t * 300)()
+    count.value = 299
+    assert fn(h, ctypes.byref(count), buf) == INSUFFICIENT_SIZE and count.value == 300
+    assert fn(h, ctypes.byref(count), buf) == SUCCESS and count.value == 300
+    assert (buf[299].pid, buf[299].usedGpuMemory) == entries[-1]
+    assert "ignoring unknown scenario key" not in capfd.readouterr().err
+
+    (h,) = nvml({"gpu.0.processes": ",".join(f"{5000 + i}:na" for i in range(600))})  # past the cap
+    got = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    assert [p.pid for p in got] == [5000 + i for i in range(512)] and {p.usedGpuMemory for p in got} == {None}
+    assert "ignoring unknown scenario key gpu.0.processes\n" in capfd.readouterr().err
+
+
+def test_process_util_returns_what_is_newer_than_last_seen(nvml):
+    values = {"gpu.0.process_util": "11:10:20:30:40, 12:150:5:0:0, 11:30:0:0:1"}
+    before = epoch_us()
+    (h,) = nvml(values)  # the scenario is loaded by this first call
+    after = epoch_us()
+    first = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    assert utils(first) == [(11, 10, 20, 30, 40), (12, 150, 5, 0, 0), (11, 30, 0, 0, 1)]  # as given, > 100 too
+    assert collections.Counter(s.pid for s in first) == {11: 2, 12: 1}
+    stamps = [s.timeStamp for s in first]
+    assert before <= stamps[0] <= after and stamps == [stamps[0], stamps[0] + 1, stamps[0] + 2]
+    assert utils(pynvml.nvmlDeviceGetProcessUtilization(h, stamps[0])) == utils(first[1:])
+    newest = max(stamps)
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetProcessUtilization, h, newest)
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(h, 2**64 - 1)
+
+    for _ in range(2):  # a rewrite stamps every sample past the newest so far
+        nvml(values)
+        again = pynvml.nvmlDeviceGetProcessUtilization(h, newest)
+        assert utils(again) == utils(first)
+        assert min(s.timeStamp for s in again) > newest
+        assert [s.timeStamp for s in again] == [again[0].timeStamp + i for i in range(3)]
+        newest = max(s.timeStamp for s in again)
+        raises(NOT_FOUND, pynvml.nvmlDeviceGetProcessUtilization, h, newest)
+
+    # 1024 samples span 1023 µs past the load: a rewrite sooner than that still answers newer ones
+    many = {"gpu.0.process_util": ",".join(f"{i}:1:0:0:0" for i in range(1024))}
+    (h,) = nvml(many)
+    newest = max(s.timeStamp for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0))
+    for _ in range(3):
+        (h,) = nvml(many)
+        again = pynvml.nvmlDeviceGetProcessUtilization(h, newest)
+        assert len(again) == 1024 and again[0].timeStamp > newest
+        newest = again[-1].timeStamp
+
+
+def test_process_util_explicit_timestamps(nvml):
+    (h,) = nvml({"gpu.0.process_util": "5:1:2:3:4@1000,6:7:8:9:10@3000,7:0:0:0:0@2000,8:1:1:1:1"})
+    every = pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    assert [s.timeStamp for s in every[:3]] == [1000, 3000, 2000]  # in the scenario's order
+    auto = every[3]
+    assert (auto.pid, auto.smUtil) == (8, 1) and abs(auto.timeStamp - 3 - epoch_us()) < 60_000_000
+    assert [s.pid for s in pynvml.nvmlDeviceGetProcessUtilization(h, 1500)] == [6, 7, 8]
+    assert [s.pid for s in pynvml.nvmlDeviceGetProcessUtilization(h, 2000)] == [6, 8]
+    assert [s.pid for s in pynvml.nvmlDeviceGetProcessUtilization(h, 999)] == [5, 6, 7, 8]
+    (h,) = nvml({"gpu.0.process_util": "5:1:2:3:4@1000,6:7:8:9:10@3000"})
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetProcessUtilization, h, 3000)
+    assert utils(pynvml.nvmlDeviceGetProcessUtilization(h, 2999)) == [(6, 7, 8, 9, 10)]
+
+
+def test_process_util_size_protocol(nvml):
+    (h,) = nvml({"gpu.0.process_util": "21:1:0:0:0@100,22:2:0:0:0@200,23:3:0:0:0@300"})
+    fn = lib().nvmlDeviceGetProcessUtilization
+    count = ctypes.c_uint(0)
+    assert fn(h, None, ctypes.byref(count), ctypes.c_ulonglong(0)) == INSUFFICIENT_SIZE and count.value == 3
+    count.value = 0
+    assert fn(h, None, ctypes.byref(count), ctypes.c_ulonglong(150)) == INSUFFICIENT_SIZE and count.value == 2
+    buf = (pynvml.c_nvmlProcessUtilizationSample_t * 4)()
+    count.value = 1
+    assert fn(h, buf, ctypes.byref(count), ctypes.c_ulonglong(150)) == INSUFFICIENT_SIZE and count.value == 2
+    assert buf[0].pid == 0  # nothing written on a short buffer
+    count.value = 4
+    assert fn(h, buf, ctypes.byref(count), ctypes.c_ulonglong(150)) == SUCCESS and count.value == 2
+    assert [(buf[i].pid, buf[i].timeStamp, buf[i].smUtil) for i in range(2)] == [(22, 200, 2), (23, 300, 3)]
+    assert buf[2].pid == 0
+    raw = bytes(buf)[:32]  # the header's layout: pid @0, timeStamp @8, sm @16 ... dec @28
+    assert struct.unpack("<I4xQIIII", raw) == (22, 200, 2, 0, 0, 0)
+    count.value = 5
+    assert fn(h, buf, ctypes.byref(count), ctypes.c_ulonglong(300)) == NOT_FOUND and count.value == 0
+    assert fn(h, buf, None, ctypes.c_ulonglong(0)) == INVALID_ARGUMENT
+
+
+def test_process_util_not_supported_unset_and_malformed(nvml, capfd):
+    (h,) = nvml({"gpu.0.process_util": "1:2:3:4:5", "gpu.0.process_util_supported": 0})
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetProcessUtilization(h, 0)
+    (h,) = nvml({"gpu.0.process_util": "1:2:3:4:5", "gpu.0.process_util_supported": 1})
+    assert utils(pynvml.nvmlDeviceGetProcessUtilization(h, 0)) == [(1, 2, 3, 4, 5)]
+    (h,) = nvml({})  # unset: no samples, as before
+    count = ctypes.c_uint(9)
+    assert lib().nvmlDeviceGetProcessUtilization(h, None, ctypes.byref(count), ctypes.c_ulonglong(0)) == NOT_FOUND
+    assert count.value == 0
+    capfd.readouterr()
+    for bad in ("1:2:3:4", "1:2:3:4:5@", "1:2:3:4:5;2:1:1:1:1", "x"):
+        (h,) = nvml({"gpu.0.process_util": bad})
+        raises(NOT_FOUND, pynvml.nvmlDeviceGetProcessUtilization, h, 0)  # the whole key ignored
+        assert "ignoring unknown scenario key gpu.0.process_util\n" in capfd.readouterr().err, bad
+
+
+def test_mig_devices_handles_uuids_and_parent(nvml):
+    h0, h1 = nvml({"count": 2, "gpu.0.mig_uuids": f"{MIG_A},{MIG_B}"})
+    assert pynvml.nvmlDeviceGetMigMode(h0) == [1, 1]
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h0) == 2
+    migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, i) for i in range(2)]
+    addresses = {address(m) for m in migs}
+    assert len(addresses) == 2 and not addresses & {address(h0), address(h1)}
+    assert address(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, 1)) == address(migs[1])  # stable
+    assert [pynvml.nvmlDeviceGetUUID(m) for m in migs] == [MIG_A, MIG_B]
+    assert [pynvml.nvmlDeviceIsMigDeviceHandle(m).value for m in migs] == [1, 1]
+    assert pynvml.nvmlDeviceIsMigDeviceHandle(h0).value == 0
+    for m in migs:
+        parent = pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m)
+        assert address(parent) == address(h0)
+        assert pynvml.nvmlDeviceGetUUID(parent) == pynvml.nvmlDeviceGetUUID(h0) != MIG_A
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h0, 2)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, h0)
+    # the second GPU has no MIG
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMigMode, h1)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMaxMigDeviceCount, h1)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h1, 0)
+    # MIG calls are traced as the parent GPU
+    nvml.trace.clear()
+    pynvml.nvmlDeviceGetUUID(migs[1])
+    assert ("nvmlDeviceGetUUID", 0) in nvml.trace.lines()
+
+
+def test_other_calls_on_a_mig_handle_are_invalid_argument(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.mig_uuids": MIG_A, "gpu.0.processes": "7:na",
+                 "gpu.0.process_util": "7:1:1:1:1"})
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+    calls = (
+        ("nvmlDeviceGetName", ()), ("nvmlDeviceGetIndex", ()), ("nvmlDeviceGetSerial", ()),
+        ("nvmlDeviceGetPciInfo", ()), ("nvmlDeviceGetMemoryInfo", ()), ("nvmlDeviceGetUtilizationRates", ()),
+        ("nvmlDeviceGetTemperature", (0,)), ("nvmlDeviceGetPowerUsage", ()),
+        ("nvmlDeviceGetComputeRunningProcesses", ()), ("nvmlDeviceGetGraphicsRunningProcesses", ()),
+        ("nvmlDeviceGetProcessUtilization", (0,)), ("nvmlDeviceGetMigMode", ()),
+        ("nvmlDeviceGetMaxMigDeviceCount", ()), ("nvmlDeviceGetMigDeviceHandleByIndex", (0,)),
+        ("nvmlDeviceGetEccMode", ()), ("nvmlDeviceGetSamples", (1, 0)), ("nvmlDeviceGetFieldValues", ([82],)),
+        ("nvmlDeviceGetSupportedEventTypes", ()),
+    )
+    for name, args in calls:
+        raises(INVALID_ARGUMENT, getattr(pynvml, name), mig, *args)
+    for name, args in calls[:4]:  # the parent still answers
+        getattr(pynvml, name)(h, *args)
+    assert pynvml.nvmlDeviceGetUUID(mig) == MIG_A  # and so does the MIG device
+
+
+def test_mig_handles_after_a_reload_and_overrides(nvml):
+    (h,) = nvml({"gpu.0.mig_uuids": f"{MIG_A},{MIG_B}"})
+    a, b = (pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i) for i in range(2))
+    (h,) = nvml({"gpu.0.mig_uuids": MIG_B})  # one instance destroyed: the other is index 0 now
+    assert pynvml.nvmlDeviceGetUUID(a) == MIG_B
+    for call in (pynvml.nvmlDeviceGetUUID, pynvml.nvmlDeviceIsMigDeviceHandle,
+                 pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle):
+        raises(INVALID_ARGUMENT, call, b)
+    (h,) = nvml({"gpu.0.mig_uuids": ""})  # MIG on, no instance
+    assert pynvml.nvmlDeviceGetMigMode(h) == [1, 1] and pynvml.nvmlDeviceGetMaxMigDeviceCount(h) == 0
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetUUID, a)
+    (h,) = nvml({"gpu.0.mig_uuids": MIG_A, "gpu.0.rc.nvmlDeviceGetUUID": 15})
+    raises(15, pynvml.nvmlDeviceGetUUID, a)  # the parent's overrides reach its MIG devices
+    raises(15, pynvml.nvmlDeviceGetUUID, h)
+    (h,) = nvml({"gpu.0.mig_uuids": MIG_A, "gpu.1.rc.nvmlDeviceGetUUID": 15})
+    assert pynvml.nvmlDeviceGetUUID(a) == MIG_A  # another GPU's are not its own
+    (h,) = nvml({"gpu.0.mig_uuids": MIG_A, "rc.nvmlDeviceGetMigDeviceHandleByIndex": 999,
+                 "rc.nvmlDeviceGetDeviceHandleFromMigDeviceHandle": 999})
+    raises(999, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0)
+    raises(999, pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, a)
+    assert nvml({"gpu.0.mig_uuids": MIG_A, "count": 0}) == []  # the parent is gone
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetUUID, a)
+
+
+def test_without_the_new_keys_every_answer_is_as_before(nvml, capfd):
+    capfd.readouterr()
+    values = sc.three_gpus()
+    handles = nvml(values)
+    for h in handles:
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMigMode, h)
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMaxMigDeviceCount, h)
+        raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0)
+        raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle, h)
+        raises(NOT_FOUND, pynvml.nvmlDeviceGetProcessUtilization, h, 0)
+        assert pynvml.nvmlDeviceIsMigDeviceHandle(h).value == 0
+    me = os.getpid()
+    assert procs(pynvml.nvmlDeviceGetComputeRunningProcesses(handles[0])) == [(me, 2 * GIB), (sc.OTHER_PID, GIB)]
+    assert procs(pynvml.nvmlDeviceGetGraphicsRunningProcesses(handles[0])) == [(me, GIB)]
+    assert pynvml.nvmlDeviceGetUUID(handles[1]) == values["gpu.1.uuid"]
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetUUID, ctypes.c_void_p(12345))  # a bogus handle, as before
+    assert "ignoring unknown scenario key" not in capfd.readouterr().err

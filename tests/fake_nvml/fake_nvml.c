@@ -17,6 +17,8 @@
  * Health features (ECC, retired pages, remapped rows, NVLink, PCIe link, field values,
  * violation time, sample buffers) follow the scenario-key contract in tests/fakenvml.py;
  * each one answers NOT_SUPPORTED until its keys are set, so old scenarios are unchanged.
+ * Processes (issue 11): pid:na memory, per-process utilization samples and MIG devices
+ * (mig_uuids) follow the same rule: without their keys every call answers as before.
  */
 #define _GNU_SOURCE
 #ifdef FAKE_WITH_NVML_H
@@ -30,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +60,13 @@ _Static_assert(__builtin_offsetof(nvmlFieldValue_t, nvmlReturn) == 28, "nvmlFiel
 _Static_assert(__builtin_offsetof(nvmlFieldValue_t, value) == 32, "nvmlFieldValue_t.value");
 _Static_assert(sizeof(nvmlSample_t) == 16, "nvmlSample_t size");
 _Static_assert(sizeof(nvmlViolationTime_t) == 16, "nvmlViolationTime_t size");
+/* nvml.h and pynvml's c_nvmlProcessUtilizationSample_t: pid, 4 bytes padding, timeStamp, 4 utils */
+_Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32, "nvmlProcessUtilizationSample_t size");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, timeStamp) == 8, "sample.timeStamp");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, smUtil) == 16, "sample.smUtil");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, memUtil) == 20, "sample.memUtil");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, encUtil) == 24, "sample.encUtil");
+_Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28, "sample.decUtil");
 
 #define RC_GPU_IS_LOST 15
 
@@ -86,6 +96,7 @@ _Static_assert(sizeof(nvmlViolationTime_t) == 16, "nvmlViolationTime_t size");
     X(nvmlDeviceGetDisplayActive) X(nvmlDeviceGetDisplayMode)                            \
     X(nvmlDeviceGetTotalEccErrors) X(nvmlDeviceGetMigMode) X(nvmlDeviceIsMigDeviceHandle) \
     X(nvmlDeviceGetMaxMigDeviceCount) X(nvmlDeviceGetProcessUtilization)                 \
+    X(nvmlDeviceGetMigDeviceHandleByIndex) X(nvmlDeviceGetDeviceHandleFromMigDeviceHandle) \
     X(nvmlDeviceGetDriverModel_v2) X(nvmlDeviceGetDriverModel)                           \
     X(nvmlDeviceGetConfComputeMemSizeInfo) X(nvmlDeviceGetCudaComputeCapability)         \
     X(nvmlDeviceGetPcieThroughput) X(nvmlDeviceGetRunningProcessDetailList)             \
@@ -113,7 +124,11 @@ static const char *const fn_names[FN_COUNT] = {
 };
 
 #define MAX_GPUS 256
-#define MAX_PROCS 64
+#define MAX_PROCS 512          /* entries of one processes / graphics_processes list */
+#define FAKE_MAX_PUTIL 1024    /* process_util samples per GPU (several may name one pid) */
+#define FAKE_MAX_MIG 8         /* mig_uuids per GPU (7 is the most an A100 / H100 makes) */
+#define FAKE_UUID_LEN 96       /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
+#define MEM_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL /* usedGpuMemory unknown: pynvml gives None */
 #define UNSET (-1)
 
 typedef struct {
@@ -162,8 +177,16 @@ typedef struct {
     int pstate;
     unsigned long long reasons, supported_reasons;
     int cc_major, cc_minor;
+    /* The lists are on the heap (gpu_defaults frees them): 512 entries in every one of the
+     * MAX_GPUS static slots would be megabytes cleared on each reload. */
     int n_compute, n_graphics;
-    fake_proc_t compute[MAX_PROCS], graphics[MAX_PROCS];
+    fake_proc_t *compute, *graphics;
+    int putil_supported;       /* process_util_supported (default 1) */
+    int n_putil;
+    nvmlProcessUtilizationSample_t *putil;
+    int mig_enabled;           /* mig_uuids present (also when empty: MIG on, no instance) */
+    int n_mig;
+    char mig_uuid[FAKE_MAX_MIG][FAKE_UUID_LEN];
     /* ECC: ecc -1 none, 0 off, 1 on; ecc_count[errorType][counterType] */
     int ecc, ecc_pending;
     unsigned long long ecc_count[2][2];
@@ -192,6 +215,10 @@ struct nvmlDevice_st {
     int index;
 };
 static struct nvmlDevice_st g_handles[MAX_GPUS];
+/* MIG handles: slot parent * FAKE_MAX_MIG + i of an array of their own, so handle_index()
+ * never takes one for a GPU and every call that does not know MIG handles answers
+ * INVALID_ARGUMENT for them without touching them. */
+static struct nvmlDevice_st g_mig_handles[MAX_GPUS * FAKE_MAX_MIG];
 
 static struct {
     int init_rc;
@@ -208,6 +235,10 @@ static int g_init_refs;
 static int g_loaded;               /* 0 never, 1 from file, 2 defaults (no file) */
 static struct stat g_scenario_st;
 static int g_trace_fd = -2;
+/* process_util entries without @ts: g_load_us + position. g_load_us is the realtime clock at
+ * the reload, pushed past g_putil_high (the newest such stamp handed out before) so a
+ * rewritten scenario always answers newer samples, even within microseconds. */
+static unsigned long long g_load_us, g_putil_high;
 
 /* Event sets and injected XIDs live in fake_events.c (included at the end). Hooks: */
 static int events_gpu_key(int idx, const char *k, const char *v); /* gpu.<i>.<k>: 1 = handled */
@@ -219,6 +250,9 @@ static void events_on_shutdown(void);  /* the last nvmlShutdown: every event set
 static const char *const clock_names[4] = {"graphics", "sm", "memory", "video"};
 
 static void gpu_defaults(int i, fake_gpu_t *gp) {
+    free(gp->compute);
+    free(gp->graphics);
+    free(gp->putil);
     memset(gp, 0, sizeof(*gp));
     snprintf(gp->name, sizeof gp->name, "NVIDIA H100 80GB HBM3");
     snprintf(gp->uuid, sizeof gp->uuid, "GPU-%08x-1111-2222-3333-%012x", 0xabcd0000u + i, i);
@@ -245,6 +279,7 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->cc_minor = 0;
     gp->ecc = -1;
     gp->ecc_pending = UNSET;
+    gp->putil_supported = 1;
     for (int l = 0; l < FAKE_MAX_NVLINKS; l++) gp->nvlink[l].active = 1;
     gp->pcie_gen = gp->pcie_gen_max = gp->pcie_width = gp->pcie_width_max = gp->pcie_replays = UNSET;
     gp->samples_period_ms = UNSET;
@@ -276,29 +311,123 @@ static int fn_id(const char *name) {
     return -1;
 }
 
+static unsigned long long clock_us(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
+}
+
 static void warn_key(const char *key) { fprintf(stderr, "fake-nvml: ignoring unknown scenario key %s\n", key); }
 
 static unsigned long long num(const char *v) { return strtoull(v, NULL, 0); }
 
 static void copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
 
-/* "pid:bytes,pid:bytes" */
-static int parse_procs(const char *v, fake_proc_t *out) {
+/* Entries of a comma-separated list (an upper bound: empty ones count too). */
+static int list_entries(const char *v) {
+    int n = *v ? 1 : 0;
+    for (const char *p = v; *p; p++) n += *p == ',';
+    return n;
+}
+
+/* "pid:bytes,pid:na,pid" into a fresh *out (the old list freed) -> count; na: memory unknown */
+static int parse_procs(const char *v, fake_proc_t **out, const char *full) {
+    free(*out);
+    *out = NULL;
+    int cap = list_entries(v);
+    if (cap > MAX_PROCS) {
+        warn_key(full); /* more than the fake holds: the first MAX_PROCS are kept */
+        cap = MAX_PROCS;
+    }
+    if (cap == 0 || !(*out = calloc((size_t)cap, sizeof **out))) return 0;
     int n = 0;
     const char *p = v;
-    while (*p && n < MAX_PROCS) {
+    while (*p && n < cap) {
         char *end;
         unsigned long pid = strtoul(p, &end, 0);
         if (end == p) break;
         unsigned long long mem = 0;
-        if (*end == ':') mem = strtoull(end + 1, &end, 0);
-        out[n].pid = (unsigned int)pid;
-        out[n].mem = mem;
+        if (end[0] == ':' && end[1] == 'n' && end[2] == 'a') {
+            mem = MEM_NOT_AVAILABLE;
+            end += 3;
+        } else if (*end == ':') mem = strtoull(end + 1, &end, 0);
+        (*out)[n].pid = (unsigned int)pid;
+        (*out)[n].mem = mem;
         n++;
         p = end;
         while (*p == ',' || *p == ' ') p++;
     }
     return n;
+}
+
+/* "pid:sm:mem:enc:dec[@ts_us],..." into a fresh gp->putil. An entry without @ts is stamped
+ * g_load_us + its position. A malformed entry: warned about, the key ignored (no samples). */
+static void parse_putil(fake_gpu_t *gp, const char *v, const char *full) {
+    free(gp->putil);
+    gp->putil = NULL;
+    gp->n_putil = 0;
+    int cap = list_entries(v);
+    if (cap > FAKE_MAX_PUTIL) {
+        warn_key(full); /* the first FAKE_MAX_PUTIL are kept */
+        cap = FAKE_MAX_PUTIL;
+    }
+    if (cap == 0 || !(gp->putil = calloc((size_t)cap, sizeof *gp->putil))) return;
+    int n = 0;
+    unsigned long long high = 0;
+    const char *p = v;
+    while (*p && n < cap) {
+        unsigned long long f[5];
+        char *end;
+        for (int j = 0; j < 5; j++) {
+            f[j] = strtoull(p, &end, 0);
+            if (end == p || (j < 4 && *end != ':')) goto bad;
+            p = end + (j < 4);
+        }
+        unsigned long long ts = g_load_us + (unsigned long long)n;
+        if (*p == '@') {
+            ts = strtoull(p + 1, &end, 0);
+            if (end == p + 1) goto bad;
+            p = end;
+        } else if (ts > high) high = ts;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p) goto bad;
+        while (*p == ' ') p++;
+        nvmlProcessUtilizationSample_t *s = &gp->putil[n++];
+        s->pid = (unsigned int)f[0];
+        s->timeStamp = ts;
+        s->smUtil = (unsigned int)f[1];
+        s->memUtil = (unsigned int)f[2];
+        s->encUtil = (unsigned int)f[3];
+        s->decUtil = (unsigned int)f[4];
+    }
+    gp->n_putil = n;
+    if (high > g_putil_high) g_putil_high = high;
+    return;
+bad:
+    warn_key(full);
+    free(gp->putil);
+    gp->putil = NULL;
+}
+
+/* "MIG-a,MIG-b" (empty: MIG mode on, no MIG device). Too many or too long: warned about. */
+static void parse_mig(fake_gpu_t *gp, const char *v, const char *full) {
+    gp->mig_enabled = 1;
+    gp->n_mig = 0;
+    const char *p = v;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ", ");
+        if (len == 0) break;
+        if (gp->n_mig >= FAKE_MAX_MIG || len >= FAKE_UUID_LEN) {
+            warn_key(full);
+            return;
+        }
+        memcpy(gp->mig_uuid[gp->n_mig], p, len);
+        gp->mig_uuid[gp->n_mig][len] = '\0';
+        gp->n_mig++;
+        p += len;
+    }
 }
 
 /* rc.<symbol>, delay_ms.<symbol>: return 1 when handled */
@@ -488,8 +617,11 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
     else if (strcmp(k, "clocks_event_reasons") == 0) gp->reasons = num(v);
     else if (strcmp(k, "supported_clocks_event_reasons") == 0) gp->supported_reasons = num(v);
     else if (strcmp(k, "cuda_cc") == 0) sscanf(v, "%d.%d", &gp->cc_major, &gp->cc_minor);
-    else if (strcmp(k, "processes") == 0) gp->n_compute = parse_procs(v, gp->compute);
-    else if (strcmp(k, "graphics_processes") == 0) gp->n_graphics = parse_procs(v, gp->graphics);
+    else if (strcmp(k, "processes") == 0) gp->n_compute = parse_procs(v, &gp->compute, full);
+    else if (strcmp(k, "graphics_processes") == 0) gp->n_graphics = parse_procs(v, &gp->graphics, full);
+    else if (strcmp(k, "process_util") == 0) parse_putil(gp, v, full);
+    else if (strcmp(k, "process_util_supported") == 0) gp->putil_supported = num(v) ? 1 : 0;
+    else if (strcmp(k, "mig_uuids") == 0) parse_mig(gp, v, full);
     else if (strcmp(k, "rc.all") == 0) gp->rc_all = (int)num(v);
     else if (parse_health_key(gp, k, v, full)) {}
     else if (strncmp(k, "clock.", 6) == 0 || strncmp(k, "max_clock.", 10) == 0) {
@@ -513,8 +645,9 @@ static char *trim(char *s) {
 }
 
 static void parse_file(FILE *f) {
-    char line[4096];
-    while (fgets(line, sizeof line, f)) {
+    char *line = NULL; /* any length: 512 processes or 1024 samples make lines of tens of KiB */
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
         char *hash = strchr(line, '#');
         if (hash) *hash = '\0';
         char *eq = strchr(line, '=');
@@ -539,6 +672,7 @@ static void parse_file(FILE *f) {
         else if (strcmp(key, "cuda_version") == 0) g.cuda_version = (int)num(val);
         else if (!parse_override(key, val, g.rc, g.delay_ms) && !events_key(key, val)) warn_key(key);
     }
+    free(line);
 }
 
 /* Called with g_mu held: re-read the scenario when the file is new or changed. */
@@ -558,6 +692,8 @@ static void maybe_reload(void) {
     FILE *f = fopen(path, "r");
     if (!f) return;
     set_defaults();
+    g_load_us = clock_us(CLOCK_REALTIME);
+    if (g_load_us <= g_putil_high) g_load_us = g_putil_high + 1;
     parse_file(f);
     fclose(f);
     g_scenario_st = st;
@@ -584,6 +720,16 @@ static void sleep_ms(int ms) {
 static int handle_index(nvmlDevice_t dev) {
     if (dev < g_handles || dev >= g_handles + MAX_GPUS) return -1;
     return (int)(dev - g_handles);
+}
+
+/* The slot (parent in *parent) of a MIG handle; -1 for anything else. By address, so a
+ * GPU handle or a bogus pointer is never read. */
+static int mig_slot(nvmlDevice_t dev, int *parent) {
+    uintptr_t a = (uintptr_t)dev, base = (uintptr_t)g_mig_handles;
+    if (a < base || a >= base + sizeof g_mig_handles || (a - base) % sizeof g_mig_handles[0]) return -1;
+    size_t k = (a - base) / sizeof g_mig_handles[0];
+    *parent = (int)(k / FAKE_MAX_MIG);
+    return (int)(k % FAKE_MAX_MIG);
 }
 
 static int override_rc(int fn, int idx) {
@@ -627,6 +773,15 @@ static nvmlReturn_t leave(nvmlReturn_t rc) {
     if (rc_ != NVML_SUCCESS) return leave(rc_);                                     \
     fake_gpu_t *gp = &g.gpus[idx_];                                                 \
     (void)gp
+
+/* Entry of a call made with a MIG handle: traced and overridden as its parent GPU, g_mu held on
+ * return. A handle whose MIG device is gone since (fewer mig_uuids or GPUs after a reload) is
+ * INVALID_ARGUMENT, like the handle of a destroyed compute instance. */
+static nvmlReturn_t mig_enter(int fn, int parent, int slot) {
+    nvmlReturn_t rc = enter(fn, parent, 1);
+    if (rc == NVML_SUCCESS && (parent >= g.count || slot >= g.gpus[parent].n_mig)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    return rc;
+}
 
 #define SYS_ENTER(fn)                                                               \
     nvmlReturn_t rc_ = enter(FN_##fn, -1, 1);                                       \
@@ -764,6 +919,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned 
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    int parent, slot = mig_slot(device, &parent);
+    if (slot >= 0) { /* a MIG device: its own MIG-... uuid */
+        nvmlReturn_t rc = mig_enter(FN_nvmlDeviceGetUUID, parent, slot);
+        return leave(rc != NVML_SUCCESS ? rc : copy_out(uuid, length, g.gpus[parent].mig_uuid[slot]));
+    }
     DEV_ENTER(nvmlDeviceGetUUID);
     return leave(copy_out(uuid, length, gp->uuid));
 }
@@ -1010,15 +1170,30 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device
     return leave(list_procs(gp->graphics, gp->n_graphics, infoCount, infos));
 }
 
+/* Only the samples newer than lastSeenTimeStamp, in the scenario's order. None: NOT_FOUND with
+ * count 0 (also for the size query: pynvml then raises NotFound); NULL buffer or too small a
+ * count: INSUFFICIENT_SIZE with the count needed (the only answer pynvml's size query takes). */
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
     DEV_ENTER(nvmlDeviceGetProcessUtilization);
-    (void)utilization;
-    (void)lastSeenTimeStamp;
     if (!processSamplesCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *processSamplesCount = 0;
-    return leave(NVML_ERROR_NOT_FOUND);
+    if (!gp->putil_supported) return leave(NVML_ERROR_NOT_SUPPORTED);
+    unsigned int newer = 0;
+    for (int i = 0; i < gp->n_putil; i++) newer += gp->putil[i].timeStamp > lastSeenTimeStamp;
+    if (newer == 0) {
+        *processSamplesCount = 0;
+        return leave(NVML_ERROR_NOT_FOUND);
+    }
+    if (!utilization || *processSamplesCount < newer) {
+        *processSamplesCount = newer;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    unsigned int n = 0;
+    for (int i = 0; i < gp->n_putil; i++)
+        if (gp->putil[i].timeStamp > lastSeenTimeStamp) utilization[n++] = gp->putil[i];
+    *processSamplesCount = n;
+    return leave(NVML_SUCCESS);
 }
 
 /* ---- modes and the rest that gpustat / nvitop ask for ---- */
@@ -1036,24 +1211,67 @@ ENUM_GETTER(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, 1)
 ENUM_GETTER(nvmlDeviceGetDisplayActive, nvmlEnableState_t, 0)
 ENUM_GETTER(nvmlDeviceGetDisplayMode, nvmlEnableState_t, 0)
 
+/* ---- MIG: without mig_uuids a board that has no MIG (NOT_SUPPORTED, as before) ---- */
+
 EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode) {
     DEV_ENTER(nvmlDeviceGetMigMode);
-    (void)currentMode;
-    (void)pendingMode;
-    return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!currentMode || !pendingMode) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *currentMode = 1;
+    *pendingMode = 1;
+    return leave(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice) {
+    int parent, slot = mig_slot(device, &parent);
+    if (slot >= 0) {
+        nvmlReturn_t rc = mig_enter(FN_nvmlDeviceIsMigDeviceHandle, parent, slot);
+        if (rc == NVML_SUCCESS && !isMigDevice) rc = NVML_ERROR_INVALID_ARGUMENT;
+        if (rc == NVML_SUCCESS) *isMigDevice = 1;
+        return leave(rc);
+    }
     DEV_ENTER(nvmlDeviceIsMigDeviceHandle);
     if (!isMigDevice) return leave(NVML_ERROR_INVALID_ARGUMENT);
     *isMigDevice = 0;
     return leave(NVML_SUCCESS);
 }
 
+/* The number of mig_uuids. (A real driver answers "the maximum number of MIG devices that can
+ * exist" (nvml.h), 7 on an H100, and NOT_FOUND for the indexes without one; the fake's index
+ * range is exactly the configured devices, NOT_FOUND past them.) */
 EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
     DEV_ENTER(nvmlDeviceGetMaxMigDeviceCount);
-    (void)count;
-    return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!count) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    *count = (unsigned int)gp->n_mig;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                        nvmlDevice_t *migDevice) {
+    DEV_ENTER(nvmlDeviceGetMigDeviceHandleByIndex); /* a MIG handle as the parent: INVALID_ARGUMENT */
+    if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!migDevice) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (index >= (unsigned int)gp->n_mig) return leave(NVML_ERROR_NOT_FOUND);
+    struct nvmlDevice_st *h = &g_mig_handles[idx_ * FAKE_MAX_MIG + (int)index];
+    h->index = idx_;
+    *migDevice = h;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t migDevice, nvmlDevice_t *device) {
+    int parent, slot = mig_slot(migDevice, &parent);
+    if (slot < 0) { /* a GPU handle (or garbage) is no MIG device */
+        nvmlReturn_t rc = enter(FN_nvmlDeviceGetDeviceHandleFromMigDeviceHandle, handle_index(migDevice), 1);
+        return leave(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT);
+    }
+    nvmlReturn_t rc = mig_enter(FN_nvmlDeviceGetDeviceHandleFromMigDeviceHandle, parent, slot);
+    if (rc == NVML_SUCCESS && !device) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        g_handles[parent].index = parent;
+        *device = &g_handles[parent]; /* the very handle nvmlDeviceGetHandleByIndex gives */
+    }
+    return leave(rc);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
@@ -1215,12 +1433,6 @@ OPT_UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, pcie_width_max)
 OPT_UINT_GETTER(nvmlDeviceGetPcieReplayCounter, pcie_replays)
 
 /* ---- health: field values, violation time ---- */
-
-static unsigned long long clock_us(clockid_t clock) {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000ULL;
-}
 
 /* The id's natural type: how an integer field.<id> is stored and labelled. */
 static int field_natural_type(unsigned int id) {
