@@ -1,0 +1,80 @@
+"""What GPU a device plugin's id names.
+
+The kubelet reports each allocated device by the string its device plugin chose:
+
+- NVIDIA, deviceIDStrategy uuid: the NVML UUID ``GPU-<uuid>``; MIG devices ``MIG-<uuid>`` (R470+),
+  very old drivers ``MIG-GPU-<uuid>/<gi>/<ci>``; time-slicing and MPS replicas append ``::<n>``;
+- NVIDIA, deviceIDStrategy index: the NVML index ``3`` (MIG: ``<gpu>:<mig>``), ``::<n>`` as above;
+- GKE's NVIDIA plugin: ``nvidia3``, shared ``nvidia3/vgpu2``, MIG ``nvidia3/gi1`` (+ ``/vgpuN``);
+- ROCm's plugin: the PCI address ``0000:03:00.0``, time-slicing ``0000:03:00.0-slice-2``.
+
+Replica and partition suffixes name the same physical GPU, so they are dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_REPLICA = re.compile(r"(?P<base>.+?)::\d+")  # the NVIDIA plugin's AnnotatedID, "%s::%d"
+_GPU_UUID = re.compile(r"GPU-[0-9A-Za-z][0-9A-Za-z-]*")
+_MIG_UUID = re.compile(r"MIG-(?!GPU-)[0-9A-Za-z][0-9A-Za-z-]*")
+_OLD_MIG = re.compile(r"MIG-(?P<parent>GPU-[0-9A-Za-z][0-9A-Za-z-]*)/\d+/\d+")
+_INDEX = re.compile(r"(?P<index>\d+)(?::\d+)?")  # "3", or a MIG device "3:1" on GPU 3
+_GKE = re.compile(r"nvidia(?P<index>\d+)(?:/(?:vgpu|gi|ci)\d+)*")
+_PCI = re.compile(
+    r"(?:(?P<domain>[0-9A-Fa-f]{1,8}):)?(?P<bus>[0-9A-Fa-f]{1,2}):(?P<device>[0-9A-Fa-f]{1,2})\.(?P<function>[0-7])"
+)
+_AMD = re.compile(r"(?P<bdf>[0-9A-Fa-f:.]+?)(?:-slice-\d+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRef:
+    """One of the fields is set: the identity the id carries."""
+
+    uuid: str = ""
+    mig_uuid: str = ""
+    index: int | None = None
+    pci_bus_id: str = ""
+    mig_parent_uuid: str = ""
+
+
+def normalise_pci(bus_id: str) -> str:
+    """A PCI address as sysfs writes it, ``0000:07:00.0``, from NVML's ``00000000:07:00.0``,
+    ``0000:07:00.0`` or ``07:00.0``; text that is not a PCI address comes back lower-cased."""
+    text = bus_id.strip()
+    match = _PCI.fullmatch(text)
+    if match is None:
+        return text.lower()
+    return _format_pci(match)
+
+
+def _format_pci(match: re.Match[str]) -> str:
+    domain = int(match["domain"] or "0", 16)
+    return f"{domain:04x}:{int(match['bus'], 16):02x}:{int(match['device'], 16):02x}.{match['function']}"
+
+
+def _nvidia(device_id: str) -> DeviceRef | None:
+    if _GPU_UUID.fullmatch(device_id):
+        return DeviceRef(uuid=device_id)
+    if _MIG_UUID.fullmatch(device_id):
+        return DeviceRef(mig_uuid=device_id)
+    if match := _OLD_MIG.fullmatch(device_id):
+        return DeviceRef(mig_parent_uuid=match["parent"])
+    if match := _INDEX.fullmatch(device_id) or _GKE.fullmatch(device_id):
+        return DeviceRef(index=int(match["index"]))
+    return None
+
+
+def _amd(device_id: str) -> DeviceRef | None:
+    match = _AMD.fullmatch(device_id)
+    pci = _PCI.fullmatch(match["bdf"]) if match else None
+    return DeviceRef(pci_bus_id=_format_pci(pci)) if pci else None
+
+
+def parse_device_id(device_id: str) -> DeviceRef | None:
+    """The GPU a kubelet device id names; None: not a GPU id we understand."""
+    text = device_id.strip()
+    replica = _REPLICA.fullmatch(text)
+    base = replica["base"] if replica else text
+    return _nvidia(base) or _amd(base)

@@ -1,0 +1,198 @@
+"""A client for the kubelet's PodResources v1 API: which container holds which device.
+
+The messages come from a FileDescriptorProto built here, not from protoc output: generated
+code pins the protobuf runtime to the generator's major version, a hand descriptor works on
+every protobuf from 4.25 on. Only the fields List needs are declared; the rest of a newer
+kubelet's answer (cpu_ids, memory, dynamic_resources ...) is skipped as unknown fields.
+grpc and google.protobuf are imported on the first call, so the exporter runs without them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+LIST_METHOD = "/v1.PodResourcesLister/List"
+MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # what the kubelet's own client helper is usually given
+_INSTALL_HINT = "pip install 'resmon-exporter[kubernetes]'"
+_MAX_DETAILS = 300  # characters of the server's error text kept in a message
+
+# field: (name, number, repeated, type, message type); types as FieldDescriptorProto names them
+_Field = tuple[str, int, bool, str, str]
+_MESSAGES: dict[str, tuple[_Field, ...]] = {
+    "ListPodResourcesRequest": (),
+    "ListPodResourcesResponse": (("pod_resources", 1, True, "TYPE_MESSAGE", "PodResources"),),
+    "PodResources": (
+        ("name", 1, False, "TYPE_STRING", ""),
+        ("namespace", 2, False, "TYPE_STRING", ""),
+        ("containers", 3, True, "TYPE_MESSAGE", "ContainerResources"),
+    ),
+    "ContainerResources": (
+        ("name", 1, False, "TYPE_STRING", ""),
+        ("devices", 2, True, "TYPE_MESSAGE", "ContainerDevices"),
+    ),
+    "ContainerDevices": (
+        ("resource_name", 1, False, "TYPE_STRING", ""),
+        ("device_ids", 2, True, "TYPE_STRING", ""),
+        ("topology", 3, False, "TYPE_MESSAGE", "TopologyInfo"),
+    ),
+    "TopologyInfo": (("nodes", 1, True, "TYPE_MESSAGE", "NUMANode"),),
+    "NUMANode": (("ID", 1, False, "TYPE_INT64", ""),),
+}
+
+# what a status code means here, where the bare code name would leave the reader guessing
+_HINTS = {
+    "UNAVAILABLE": "kubelet not reachable",
+    "DEADLINE_EXCEEDED": "kubelet did not answer in time",
+    "UNIMPLEMENTED": "kubelet has no v1 PodResources API",
+    "RESOURCE_EXHAUSTED": "kubelet rate limit, or an answer over 16 MiB",
+    "PERMISSION_DENIED": "no permission on the kubelet socket (the exporter needs uid 0)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str
+
+
+class PodResourcesError(Exception):
+    """List failed; str() is one line saying why."""
+
+
+_classes_lock = threading.Lock()
+_classes: tuple[Any, Any] | None = None  # (request class, response class)
+
+
+def _file_proto(descriptor_pb2: Any) -> Any:
+    field_proto = descriptor_pb2.FieldDescriptorProto
+    file_proto = descriptor_pb2.FileDescriptorProto(
+        name="resmon/kubelet/podresources/v1/api.proto", package="v1", syntax="proto3"
+    )
+    for message_name, fields in _MESSAGES.items():
+        message = file_proto.message_type.add(name=message_name)
+        for name, number, repeated, type_name, message_type in fields:
+            field = message.field.add(name=name, number=number, json_name=_json_name(name))
+            field.label = field_proto.LABEL_REPEATED if repeated else field_proto.LABEL_OPTIONAL
+            field.type = getattr(field_proto, type_name)
+            if message_type:
+                field.type_name = ".v1." + message_type
+    return file_proto
+
+
+def _json_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _message_class(pool: Any, message_factory: Any, full_name: str) -> Any:
+    descriptor = pool.FindMessageTypeByName(full_name)
+    get_class = getattr(message_factory, "GetMessageClass", None)
+    if get_class is not None:
+        return get_class(descriptor)
+    return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # protobuf < 4.22
+
+
+def _message_classes() -> tuple[Any, Any]:
+    """(ListPodResourcesRequest, ListPodResourcesResponse), built once per process."""
+    global _classes
+    with _classes_lock:
+        if _classes is None:
+            from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+            # a private pool: the default one may already hold another "v1" package
+            pool = descriptor_pool.DescriptorPool()
+            pool.AddSerializedFile(_file_proto(descriptor_pb2).SerializeToString())
+            _classes = (
+                _message_class(pool, message_factory, "v1.ListPodResourcesRequest"),
+                _message_class(pool, message_factory, "v1.ListPodResourcesResponse"),
+            )
+        return _classes
+
+
+def _allocations(response: Any) -> tuple[Allocation, ...]:
+    return tuple(
+        Allocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
+        for pod in response.pod_resources
+        for container in pod.containers
+        for devices in container.devices
+        for device_id in devices.device_ids
+    )
+
+
+def decode_list_response(data: bytes) -> tuple[Allocation, ...]:
+    """The allocations in a serialized ListPodResourcesResponse (raises protobuf's DecodeError)."""
+    _, response_class = _message_classes()
+    return _allocations(response_class.FromString(data))
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_DETAILS else line[: _MAX_DETAILS - 3] + "..."
+
+
+def _rpc_error(err: Any, socket_path: str) -> PodResourcesError:
+    code = err.code() if callable(getattr(err, "code", None)) else None
+    name = getattr(code, "name", "UNKNOWN")
+    details = err.details() if callable(getattr(err, "details", None)) else ""
+    hint = _HINTS.get(name, "kubelet PodResources List failed")
+    return PodResourcesError(_one_line(f"{hint} at {socket_path} ({name})" + (f": {details}" if details else "")))
+
+
+def _import_grpc() -> Any:
+    try:
+        import google.protobuf  # noqa: F401
+        import grpc
+    except ImportError as err:
+        raise PodResourcesError(
+            f"the kubernetes collector needs grpcio and protobuf ({err}): {_INSTALL_HINT}"
+        ) from None
+    return grpc
+
+
+def _call_list(grpc: Any, socket_path: str, timeout: float) -> tuple[Allocation, ...]:
+    request_class, response_class = _message_classes()
+    channel = grpc.insecure_channel(
+        "unix://" + os.path.abspath(socket_path),
+        options=[
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+            # a restarted kubelet is a new socket: never reuse another channel's connection
+            ("grpc.use_local_subchannel_pool", 1),
+            ("grpc.enable_http_proxy", 0),
+            ("grpc.enable_retries", 0),
+        ],
+    )
+    try:
+        call = channel.unary_unary(
+            LIST_METHOD,
+            request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString,
+        )
+        return _allocations(call(request_class(), timeout=timeout))
+    except grpc.RpcError as err:
+        raise _rpc_error(err, socket_path) from None
+    finally:
+        channel.close()
+
+
+def list_allocations(socket_path: str, timeout: float) -> tuple[Allocation, ...]:
+    """One Allocation per (container, resource, device id), in the kubelet's order.
+
+    A fresh channel per call, closed after; waits at most timeout seconds. Raises
+    PodResourcesError only.
+    """
+    grpc = _import_grpc()
+    if not os.path.exists(socket_path):
+        raise PodResourcesError(f"no kubelet socket at {socket_path} (UNAVAILABLE)")
+    try:
+        return _call_list(grpc, socket_path, timeout)
+    except PodResourcesError:
+        raise
+    except Exception as err:  # the collector's contract: a broken kubelet or runtime is an error, not a crash
+        message = f"kubelet PodResources List at {socket_path} failed: {type(err).__name__}: {err}"
+        raise PodResourcesError(_one_line(message)) from None
