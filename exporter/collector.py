@@ -278,8 +278,9 @@ class ResourceCollector(Collector):
     def families(self, snap: Snapshot) -> list[Metric]:
         """The families of one given snapshot: the HTTP router renders a pinned snapshot
         through this, so one scrape reads one snapshot."""
-        monitor = self._monitor
-        return list(snapshot_families(snap, monitor.processes_group_by, monitor.processes_max_per_gpu))
+        # how process series are grouped is the monitor's setting (any object with snapshot() works)
+        group_by = getattr(self._monitor, "processes_group_by", "process")
+        return list(snapshot_families(snap, group_by, getattr(self._monitor, "processes_max_per_gpu", 64)))
 
     def collect(self) -> Iterable[Metric]:
         return self.families(self._monitor.snapshot())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 
 from exporter.collector import FAMILIES
-from fakenvml import REPO
+from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine
 
 DOC = REPO / "docs" / "metrics.md"
@@ -31,13 +34,18 @@ def test_docs_list_exactly_the_collectors_families():
 
 
 def test_docs_match_a_full_scrape(run_exporter, scenario):
-    scenario.write(health_machine())  # every family some board answers, v1 and v2
-    exporter = run_exporter()
-    exporter.wait_ready()  # before the first GPU read a scrape has no GPU families
-    exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="xid"))  # registered
-    scenario.update(xid_events=f"{board_uuid('hopper', 0)}:79")  # XID series appear at their first event
-    s = exporter.wait_for(lambda s: s.has("resmon_gpu_xid_errors_total"))
-    served = {name for name in s.samples if name.startswith("resmon_")}
+    # every family some board answers, v1 and v2, with this test's own process on GPU 0 and
+    # a kubelet that assigned GPU 0 to a pod
+    scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}"})
+    directory = short_socket_dir()
+    kubelet = FakeKubelet(os.path.join(directory, "kubelet.sock"))
+    kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])])]
+    kubelet.start()
+    try:
+        served, s = _full_scrape(run_exporter, scenario, kubelet.socket_path)
+    finally:
+        kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
     rows = doc_rows()
     assert served == set(rows), served ^ set(rows)
     for name, (kind, labels) in rows.items():
@@ -45,6 +53,15 @@ def test_docs_match_a_full_scrape(run_exporter, scenario):
         assert family.type == kind, name
         for sample_labels, _ in s.series(name):
             assert set(sample_labels) == labels, (name, sample_labels)
+
+
+def _full_scrape(run_exporter, scenario, socket_path: str):
+    exporter = run_exporter("--collector.processes", f"--kubernetes.pod-resources-socket={socket_path}")
+    exporter.wait_ready()  # before the first GPU read a scrape has no GPU families
+    exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="xid"))  # registered
+    scenario.update(xid_events=f"{board_uuid('hopper', 0)}:79")  # XID series appear at their first event
+    s = exporter.wait_for(lambda s: s.has("resmon_gpu_xid_errors_total"))
+    return {name for name in s.samples if name.startswith("resmon_")}, s
 
 
 def test_docs_cover_the_v1_contract():

@@ -1,0 +1,97 @@
+"""Attribution and the process families in-process: device-id resolution, owners, grouping
+and the per-GPU limit (the end-to-end tests run the same through the CLI)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from exporter import attribution
+from exporter.kubernetes.kubelet import KubeletState
+from exporter.kubernetes.podlogs import PodName
+from exporter.kubernetes.podresources import Allocation
+from exporter.process_collector import allocation_families, process_families
+from exporter.procfs import ProcReader
+from exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample, ProcessSample
+from workloads import CID, UID, UID2, procfs_tree, systemd_containerd
+
+G0, G1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-11111111-1111-4111-8111-111111111111"
+
+
+def reading(*devices: GpuSample) -> GpuReading:
+    return GpuReading(backend="nvml", success=True, device_count=len(devices), devices=devices)
+
+
+def gpu(index: int, uuid: str, pci: str, **kw: object) -> GpuSample:
+    return GpuSample(GpuIdentity(index=index, uuid=uuid, pci_bus_id=pci), up=True, **kw)  # type: ignore[arg-type]
+
+
+def alloc(device_id: str, resource: str = "nvidia.com/gpu", pod: str = "p") -> Allocation:
+    return Allocation("ns", pod, "c", resource, device_id)
+
+
+def test_device_ids_resolve_to_the_gpu_they_are_on():
+    r = reading(gpu(0, G0, "00000000:07:00.0"), gpu(1, G1, "00000000:0A:00.0", mig_uuids=("MIG-aa", "MIG-bb")))
+    state = KubeletState((
+        alloc(G0), alloc(G0 + "::3", pod="q"), alloc("MIG-bb", "nvidia.com/mig-1g.10gb"), alloc("1", pod="idx"),
+        alloc("nvidia0", pod="gke"), alloc("0000:0a:00.0", "amd.com/gpu", pod="bdf"),
+        alloc("0000:03:00.0", "amd.com/gpu", pod="amd"), alloc("0", "example.com/foo", pod="foo"), alloc("junk"),
+        alloc(G0),  # listed twice (a terminal pod on an old kubelet): one series
+    ), True, 0.0, 0.0)
+    got = {(a.pod, a.gpu, a.device_id) for a in attribution.allocations(r, state)}
+    assert got == {("p", 0, G0), ("q", 0, G0 + "::3"), ("p", 1, "MIG-bb"), ("idx", 1, "1"), ("gke", 0, "nvidia0"),
+                   ("bdf", 1, "0000:0a:00.0")}
+    assert len(attribution.allocations(r, state)) == 6
+
+
+def test_owner_labels_from_cgroup_and_pod_names(tmp_path: Path):
+    me = os.getpid()
+    proc = procfs_tree(tmp_path, {me: systemd_containerd(UID, CID)})
+    r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 5, (("sm", 0.5),)), GpuProcess(2**22 + 7, 1))))
+    names = {UID: PodName("ml", "train", ("a", "b")), UID2: PodName("x", "y", ("z",))}
+    allocated = attribution.allocations(r, KubeletState((Allocation("ml", "train", "b", "nvidia.com/gpu", G0),), True, 0, 0))
+    rows = attribution.processes(r, ProcReader(str(proc)), names, allocated)
+    assert len(rows) == 1  # the PID that does not exist is skipped
+    row = rows[0]
+    assert (row.pid, row.container_id, row.pod_uid, row.namespace, row.pod, row.container) == (me, CID, UID, "ml", "train", "b")
+    assert row.process == Path(f"/proc/{me}/comm").read_text().strip() and row.memory_bytes == 5
+    # without an allocation naming the container, a pod with two containers leaves it empty
+    assert attribution.processes(r, ProcReader(str(proc)), names, ())[0].container == ""
+    # kubernetes off: no names at all
+    assert attribution.processes(r, ProcReader(str(proc)), None, None)[0].pod == ""
+
+
+def sample(pid: int, memory: int | None, container: str = "", gpu_index: int = 0, sm: float = 0.0) -> ProcessSample:
+    return ProcessSample(gpu_index, f"GPU-{gpu_index}", pid, f"p{pid}", "root", container, "", "", "", "",
+                         memory, (("sm", sm), ("memory", 0.0)))
+
+
+def series(families, name):
+    return [(s.labels, s.value) for f in families if f.name == name for s in f.samples]
+
+
+def test_largest_first_per_gpu_and_hidden_memory_last():
+    rows = tuple(sample(p, p * 10) for p in range(1, 6)) + (sample(9, None), sample(7, 1, gpu_index=1))
+    fams = list(process_families(rows, "process", 3))
+    mem = series(fams, "resmon_gpu_process_memory_used_bytes")
+    assert [(l["gpu"], l["pid"]) for l, _ in mem] == [("0", "5"), ("0", "4"), ("0", "3"), ("1", "7")]
+    util = series(fams, "resmon_gpu_process_utilization_ratio")
+    assert len(util) == 4 * 2  # the same 3 + 1 processes, one series per engine
+    fams = list(process_families(rows, "process", 10))
+    assert "9" not in {l["pid"] for l, _ in series(fams, "resmon_gpu_process_memory_used_bytes")}
+    assert "9" in {l["pid"] for l, _ in series(fams, "resmon_gpu_process_utilization_ratio")}  # hidden memory, still listed
+
+
+def test_group_by_container_sums_and_clamps():
+    rows = (sample(1, 10, "c1", sm=0.7), sample(2, 20, "c1", sm=0.6), sample(3, None, "c1"), sample(4, 5, "c2"), sample(5, 1))
+    fams = list(process_families(rows, "container", 64))
+    mem = {l["container_id"]: v for l, v in series(fams, "resmon_gpu_process_memory_used_bytes")}
+    assert mem == {"c1": 30, "c2": 5, "": 1}
+    sm = {l["container_id"]: v for l, v in series(fams, "resmon_gpu_process_utilization_ratio") if l["engine"] == "sm"}
+    assert sm == {"c1": 1.0, "c2": 0.0, "": 0.0}
+    assert all("pid" not in l for l, _ in series(fams, "resmon_gpu_process_memory_used_bytes"))
+
+
+def test_off_means_no_families():
+    assert list(process_families(None, "process", 64)) == [] and list(allocation_families(None)) == []
+    assert [f.name for f in allocation_families(())] == ["resmon_gpu_allocation_info"]

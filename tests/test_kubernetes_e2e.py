@@ -1,0 +1,168 @@
+"""The kubernetes collector end to end: the real CLI and a real gRPC kubelet on a unix
+socket (tests/fake_kubelet.py, a server generated from the upstream api.proto)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+
+from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fakenvml import GIB
+from scenarios import board_uuid
+from workloads import CID, CID2, UID, UID2, Workloads, pod_logs, procfs_tree, systemd_containerd
+
+INFO = "resmon_gpu_allocation_info"
+G0, G1 = board_uuid("hopper", 0), board_uuid("hopper", 1)
+MIG_A, MIG_B = "MIG-0a1b2c3d-0000-4000-8000-00000000000a", "MIG-0a1b2c3d-0000-4000-8000-00000000000b"
+
+
+@pytest.fixture
+def kubelet() -> Iterator[FakeKubelet]:
+    directory = short_socket_dir()
+    k = FakeKubelet(os.path.join(directory, "kubelet.sock"))
+    yield k
+    k.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def workloads() -> Iterator[Workloads]:
+    root = Path(tempfile.mkdtemp(prefix="resmon-wl-"))
+    w = Workloads(root)
+    yield w
+    w.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def two_gpus(**extra: object) -> dict[str, object]:
+    return {"count": 2, "gpu.0.uuid": G0, "gpu.1.uuid": G1, "gpu.0.pci_bus_id": "00000000:07:00.0",
+            "gpu.1.pci_bus_id": "00000000:0A:00.0", **extra}
+
+
+def pod(namespace: str, name: str, container: str, resource: str, *ids: str) -> Pod:
+    return Pod(namespace, name, [Container(container, [Device(resource, list(ids))])])
+
+
+def allocations(s) -> set[tuple[str, ...]]:
+    return {(l["gpu"], l["uuid"], l["namespace"], l["pod"], l["container"], l["resource"], l["device_id"]) for l, v in s.series(INFO)}
+
+
+def test_no_socket_no_kubernetes_series(run_exporter, scenario):
+    scenario.write(two_gpus())
+    s = run_exporter("--kubernetes.pod-resources-socket=/nonexistent/kubelet.sock").scrape()
+    assert INFO not in s.families and not s.has("resmon_collector_success", collector="kubernetes")
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+
+
+def test_exclusive_shared_mig_and_foreign_device_ids(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus(**{"gpu.1.mig_uuids": f"{MIG_A},{MIG_B}"}))
+    kubelet.pods = [
+        pod("ml", "train-0", "trainer", "nvidia.com/gpu", G0 + "::0"),  # time-sliced replica 0
+        pod("ml", "train-1", "trainer", "nvidia.com/gpu", G0 + "::1"),  # replica 1 of the same GPU
+        pod("web", "infer", "server", "nvidia.com/mig-1g.10gb", MIG_B),
+        pod("amd", "rocm", "job", "amd.com/gpu", "0000:03:00.0"),  # not one of these GPUs: left out
+        pod("x", "other", "c", "example.com/foo", "0"),  # an index under a resource that is not a GPU
+        Pod("ml", "no-gpu", [Container("app", [])]),
+    ]
+    kubelet.start()
+    s = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    assert allocations(s) == {
+        ("0", G0, "ml", "train-0", "trainer", "nvidia.com/gpu", G0 + "::0"),
+        ("0", G0, "ml", "train-1", "trainer", "nvidia.com/gpu", G0 + "::1"),
+        ("1", G1, "web", "infer", "server", "nvidia.com/mig-1g.10gb", MIG_B),
+    }
+    assert s.value("resmon_collector_success", collector="kubernetes") == 1
+    assert s.has("resmon_last_refresh_timestamp_seconds", collector="kubernetes")
+
+
+def test_index_and_exclusive_uuid_ids(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus())
+    kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0), pod("b", "p1", "c", "nvidia.com/gpu", "1")]
+    kubelet.start()
+    s = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    assert allocations(s) == {("0", G0, "a", "p0", "c", "nvidia.com/gpu", G0), ("1", G1, "b", "p1", "c", "nvidia.com/gpu", "1")}
+
+
+def test_time_sliced_pods_each_get_their_own_processes_numbers(run_exporter, scenario, kubelet, workloads, tmp_path):
+    """Two pods share GPU 0: each pod's VRAM is its own processes', never the device's."""
+    a, b = workloads.start("trainer"), workloads.start("infer")
+    proc = procfs_tree(tmp_path / "proc", {a: systemd_containerd(UID, CID), b: systemd_containerd(UID2, CID2, "besteffort")})
+    logs = pod_logs(tmp_path / "pods", [("ml", "train-0", UID, ["trainer", "loader"]), ("ml", "train-1", UID2, ["trainer"])])
+    scenario.write(two_gpus(**{"gpu.0.processes": f"{a}:{3 * GIB},{b}:{GIB}", "gpu.0.memory_used": 4 * GIB}))
+    kubelet.pods = [pod("ml", "train-0", "trainer", "nvidia.com/gpu", G0 + "::0"), pod("ml", "train-1", "trainer", "nvidia.com/gpu", G0 + "::1")]
+    kubelet.start()
+    s = run_exporter("--collector.processes", f"--path.procfs={proc}", f"--kubernetes.pod-logs-dir={logs}",
+                     f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    mem = {(l["namespace"], l["pod"], l["container"]): v for l, v in s.series("resmon_gpu_process_memory_used_bytes")}
+    # train-0 has two containers: the one holding this GPU is named by the allocation
+    assert mem == {("ml", "train-0", "trainer"): 3 * GIB, ("ml", "train-1", "trainer"): GIB}
+
+
+def test_kubelet_stopped_and_restarted(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus())
+    kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0)]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--kubernetes.cache-ttl=0", "--collect.cache-ttl=0")
+    assert exporter.scrape().value("resmon_collector_success", collector="kubernetes") == 1
+    kubelet.stop()
+    dead = socket.socket(socket.AF_UNIX)  # the kubelet died without removing its socket file
+    dead.bind(kubelet.socket_path)
+    dead.close()
+    s = exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="kubernetes")
+                          and s.value("resmon_collector_success", collector="kubernetes") == 0)
+    assert INFO in s.families and not s.series(INFO)
+    assert s.value("resmon_collector_success", collector="gpu") == 1 and s.value("resmon_gpu_up", gpu="0") == 1
+    os.unlink(kubelet.socket_path)
+    kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0), pod("b", "p1", "c", "nvidia.com/gpu", G1)]
+    kubelet.start()  # a new socket inode at the same path
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="kubernetes") == 1)
+    assert len(s.series(INFO)) == 2
+
+
+def test_hanging_kubelet_costs_one_deadline_not_every_scrape(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus())
+    kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0)]
+    kubelet.delay = 30.0
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--collect.timeout=2s",
+                            "--collect.cache-ttl=0", "--kubernetes.cache-ttl=5s")
+    started = time.monotonic()
+    s = exporter.scrape()
+    first = time.monotonic() - started
+    assert s.value("resmon_collector_success", collector="kubernetes") == 0
+    assert s.value("resmon_collector_success", collector="gpu") == 1 and s.value("resmon_gpu_up", gpu="1") == 1
+    assert first < 10  # bounded by the refresh deadline, not the kubelet's 30 s
+    calls = kubelet.calls
+    started = time.monotonic()
+    again = exporter.scrape()
+    assert again.value("resmon_collector_success", collector="kubernetes") == 0
+    assert kubelet.calls == calls  # the timed-out kubelet is not asked again at once
+    print(f"hanging kubelet: first scrape {first:.2f} s, next {time.monotonic() - started:.3f} s")
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED])
+def test_refusing_kubelet(run_exporter, scenario, kubelet, code):
+    scenario.write(two_gpus())
+    kubelet.status = code
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}")
+    s = exporter.scrape()
+    assert s.value("resmon_collector_success", collector="kubernetes") == 0 and not s.series(INFO)
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+    assert code.name in exporter.stderr  # the log says why, once
+
+
+def test_kubernetes_collector_off(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus())
+    kubelet.start()
+    s = run_exporter("--no-collector.kubernetes", f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    assert INFO not in s.families and not s.has("resmon_collector_success", collector="kubernetes")
+    assert kubelet.calls == 0
