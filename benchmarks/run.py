@@ -73,6 +73,15 @@ class Env:
             values.update(hopper_board(i))
         return Scenario(self.root / f"health-{count}.txt", values)
 
+    def process_scenario(self, count: int, pids: list[int]) -> Scenario:
+        """count plain GPUs sharing out the given real PIDs, each with a utilization sample."""
+        values: dict[str, Any] = machine(count)
+        for i in range(count):
+            mine = pids[i::count]
+            values[f"gpu.{i}.processes"] = ",".join(f"{p}:{(j + 1) * 1048576}" for j, p in enumerate(mine))
+            values[f"gpu.{i}.process_util"] = ",".join(f"{p}:{j % 100}:5:0:0" for j, p in enumerate(mine))
+        return Scenario(self.root / f"processes-{count}.txt", values)
+
     def env(self, scenario: Scenario, trace: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RESMON_", "FAKE_NVML_"))}
         env.update(LD_LIBRARY_PATH=str(self.lib), FAKE_NVML_SCENARIO=str(scenario.path), PYTHONUNBUFFERED="1")
@@ -157,9 +166,9 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
     from exporter import ResourceCollector, ResourceMonitor
     from exporter.collector import snapshot_families
 
-    if kind == "refresh":
+    if kind in ("refresh", "refresh-processes"):
         # the XID watcher is not part of a refresh (its waits would count as refresh calls)
-        monitor = ResourceMonitor(cache_ttl=0, collect_xid=False)
+        monitor = ResourceMonitor(cache_ttl=0, collect_xid=False, collect_processes=kind == "refresh-processes")
         monitor.snapshot()  # init, static facts
         trace = Path(os.environ["FAKE_NVML_TRACE"])
         before = len(trace.read_text().splitlines())
@@ -178,7 +187,7 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             families = list(snapshot_families(snap))
             build.append((time.perf_counter() - t0) * 1000)
-        warm = ResourceMonitor(cache_ttl=3600, collect_xid=False)
+        warm = ResourceMonitor(cache_ttl=3600, collect_xid=False, collect_processes=kind == "refresh-processes")
         warm_registry = CollectorRegistry()
         warm_registry.register(ResourceCollector(warm))
         generate_latest(warm_registry)
@@ -340,6 +349,22 @@ def main() -> int:
         table.add("series per scrape, 8 H100-class GPUs", float(health[0]["series"]), "")
         table.add("series per scrape, 8 plain GPUs", float(plain[0]["series"]), "")
         table.add("refresh CPU ratio, H100-class / plain", health_cpu / plain_cpu if plain_cpu else 0.0, "x")
+        # the processes collector: 200 real processes over 8 GPUs, the same machine with it off and on
+        sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(200)]
+        try:
+            busy = env.process_scenario(8, [p.pid for p in sleepers])
+            off = [run_inner(env, "refresh", 8, 20 if quick else 200, busy) for _ in range(runs)]
+            on = [run_inner(env, "refresh-processes", 8, 20 if quick else 200, busy) for _ in range(runs)]
+        finally:
+            for p in sleepers:
+                p.kill()
+                p.wait()
+        off_cpu = statistics.median([statistics.median(r["cpu"]) for r in off])
+        on_cpu = statistics.median([statistics.median(r["cpu"]) for r in on])
+        table.add("cold refresh 8 GPUs, 200 processes, --collector.processes, CPU", summary([statistics.median(r["cpu"]) for r in on]), "ms")
+        table.add("NVML calls per refresh, 200 processes, --collector.processes", on[0]["calls"], "")
+        table.add("series per scrape, 200 processes, --collector.processes", float(on[0]["series"]), "")
+        table.add("refresh CPU ratio, processes collector on / off (same 200 processes)", on_cpu / off_cpu if off_cpu else 0.0, "x")
         # Python API
         api = [run_inner(env, "api", 1, 20 if quick else 200) for _ in range(runs)]
         table.add("get_current_resources() warm", summary([r["warm"] for r in api]), "ms", "api_warm")

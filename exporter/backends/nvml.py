@@ -694,9 +694,11 @@ class NvmlBackend:
         sums: dict[int, list[float]] = {}
         for sample in answer:
             stamp, pid = int(sample.timeStamp), int(sample.pid)
-            if stamp <= seen or pid not in pids:
+            if stamp <= seen:
                 continue
             self._process_seen[key] = max(self._process_seen.get(key, 0), stamp)
+            if pid not in pids:  # exited since, or a stale entry of the driver's buffer
+                continue
             acc = sums.setdefault(pid, [0.0] * (len(PROCESS_ENGINES) + 1))
             for i, (_, attr) in enumerate(PROCESS_ENGINES):
                 acc[i] += min(max(float(getattr(sample, attr)), 0.0), 100.0)  # >100 seen (nvtop #110)
