@@ -105,6 +105,41 @@ RECOVERY_ACTIONS = {"0": ("none", "green"), "1": ("GPU reset", "red"), "2": ("no
                     "3": ("drain P2P", "orange"), "4": ("drain and reset", "red")}
 
 
+# Per-process series (collector `processes`). Legends cannot branch, so who() adds a `who`
+# label: "namespace/pod (container)" where the kubernetes collector named the pod (with
+# group-by=process also "pid N", as a pod can run several), else "process (pid N)", with
+# group-by=container "container <12 hex>" (plain Docker) or "outside containers" (the host's
+# processes summed). label_join lays the labels out as namespace;pod;container;container_id;pid;
+# process (an absent label joins as empty); each label_replace matches one of those shapes and
+# leaves the others as they are (the ones already rewritten contain no ";").
+PROC_MEM = f"resmon_gpu_process_memory_used_bytes{{{GSEL}}}"
+PROC_SM = f'resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm"}}'
+POD_MEM = f'resmon_gpu_process_memory_used_bytes{{{GSEL}, pod!=""}}'
+POD_SM = f'resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm", pod!=""}}'
+WHO_SHAPES = (
+    ("([^;]+);([^;]+);([^;]+);[^;]*;;.*", "$1/$2 ($3)"),
+    ("([^;]+);([^;]+);([^;]+);[^;]*;([^;]+);.*", "$1/$2 ($3) pid $4"),
+    ("([^;]+);([^;]+);;.*", "$1/$2"),
+    (";;;[^;]*;([^;]+);(.*)", "$2 (pid $1)"),
+    (";;;([0-9a-f]{12})[^;]*;;", "container $1"),
+    (";;;;;", "outside containers"),
+)
+
+
+def who(expr: str) -> str:
+    out = f'label_join({expr}, "who", ";", "namespace", "pod", "container", "container_id", "pid", "process")'
+    for regex, replacement in WHO_SHAPES:
+        out = f'label_replace({out}, "who", "{replacement}", "who", "{regex}")'
+    return out
+
+
+# A pod's VRAM is what its own processes hold: with time-slicing (device ids GPU-...::N) or
+# MPS several pods share one GPU, so the device's VRAM joined onto each allocation would show
+# every pod using the whole GPU. POD_BY: one row per container and GPU, as the allocations.
+POD_BY = "job, instance, gpu, uuid, namespace, pod, container"
+ALLOCATIONS = f"resmon_gpu_allocation_info{{{GSEL}}}"
+
+
 def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"type": "value", "options": {v: {"text": text, "color": color, "index": i}
                                           for i, (v, (text, color)) in enumerate(texts.items())}}]
@@ -172,6 +207,30 @@ def fleet() -> dict[str, Any]:
     lay.add(panel("bargauge", "VRAM pressure", [target(VRAM_RATIO, GPU_LEGEND, instant=True)], "percentunit",
                   min=0, max=1, thresholds=thresholds((None, "green"), (0.9, "orange"), (0.97, "red"))), 12, 8)
     lay.add(ts("GPU utilization", [(f"resmon_gpu_utilization_ratio{{{GSEL}}}", GPU_LEGEND)], "percentunit", min=0, max=1), 12, 8)
+    lay.row("Pods")
+    pods = panel("table", "Pods by VRAM", [
+        target(f"sum by (instance, namespace, pod) ({POD_MEM})", "", "A", instant=True, table=True),
+        target(f"sum by (instance, namespace, pod) ({POD_SM})", "", "B", instant=True, table=True),
+        target(f"count by (instance, namespace, pod) (group by (instance, namespace, pod, uuid) ({ALLOCATIONS}))",
+               "", "C", instant=True, table=True),
+    ], description="VRAM held by each pod's own processes, summed over its GPUs (processes collector, with the pod "
+                   "named by the kubernetes collector), their SM utilization summed over those GPUs (100 % = one "
+                   "whole GPU), and how many GPUs the pod is allocated (kubernetes collector). Pods that share a GPU "
+                   "(time-slicing) each show their own VRAM. A pod without VRAM holds GPUs it does not use, or its "
+                   "node runs without the processes collector.")
+    pods["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True},
+            "indexByName": {"namespace": 0, "pod": 1, "instance": 2, "Value #A": 3, "Value #B": 4, "Value #C": 5},
+            "renameByName": {"Value #A": "VRAM", "Value #B": "SM utilization", "Value #C": "GPUs allocated"}}},
+    ]
+    pods["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+        for name, unit in (("VRAM", "bytes"), ("SM utilization", "percentunit"), ("GPUs allocated", "short"))
+    ]
+    pods["options"] = {"sortBy": [{"displayName": "VRAM", "desc": True}]}
+    lay.add(pods, 24, 8)
     lay.row("Hosts")
     lay.add(ts("Host CPU", [(f"resmon_cpu_utilization_ratio{{{SEL}}}", "{{instance}}")], "percentunit", min=0, max=1), 12, 7)
     lay.add(ts("Host memory used", [(f"resmon_memory_used_bytes{{{SEL}}} / resmon_memory_total_bytes{{{SEL}}}", "{{instance}}")],
@@ -199,6 +258,39 @@ def node() -> dict[str, Any]:
     ], "percentunit", min=0, max=1,
        description="The gauges are the driver's latest sample period; 'busy' is the busy time between Prometheus "
                    "samples, from the driver's sample buffers, so short bursts are not lost."), 12, 8)
+    lay.row("Who uses the GPU")
+    lay.add(ts("VRAM by process", [(who(PROC_MEM), GPU_LEGEND + " {{who}}")], "bytes", min=0,
+               description="VRAM each process holds (group-by=container: each container), named by its pod where the "
+                           "kubernetes collector knows it. Needs --collector.processes (off by default); absent "
+                           "where NVML hides a process's memory."), 12, 8)
+    lay.add(ts("SM utilization by process", [(who(PROC_SM), GPU_LEGEND + " {{who}}")], "percentunit", min=0,
+               description="Share of the GPU's SM time each process used since the previous refresh (NVML process "
+                           "utilization samples); not on MIG GPUs. Needs --collector.processes."), 12, 8)
+    allocations = panel("table", "GPU allocations by pod", [
+        target(ALLOCATIONS, "", "A", instant=True, table=True),
+        target(f"sum by ({POD_BY}) ({POD_MEM}) * on ({POD_BY}) group_right {ALLOCATIONS}",
+               "", "B", instant=True, table=True),
+        target(f"resmon_gpu_memory_used_bytes{{{GSEL}}} * on ({GPU_BY}) group_right {ALLOCATIONS}",
+               "", "C", instant=True, table=True),
+    ], description="Every container holding a GPU, from the kubelet's PodResources API (kubernetes collector): the "
+                   "device id the device plugin gave it (GPU-...::N with time-slicing, MIG-... for a MIG "
+                   "instance), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
+                   "it holds; empty: none, or the processes collector is off), and the VRAM of the whole device, "
+                   "shared by every pod on it.")
+    allocations["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "job": True},
+            "indexByName": {"namespace": 0, "pod": 1, "container": 2, "resource": 3, "device_id": 4, "instance": 5,
+                            "gpu": 6, "uuid": 7, "Value #B": 8, "Value #C": 9},
+            "renameByName": {"Value #B": "Container VRAM", "Value #C": "Device VRAM (all pods)"}}},
+    ]
+    allocations["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": "bytes"}]}
+        for name in ("Container VRAM", "Device VRAM (all pods)")
+    ]
+    allocations["options"] = {"sortBy": [{"displayName": "namespace", "desc": False}]}
+    lay.add(allocations, 24, 8)
     lay.row("Power and thermals")
     lay.add(ts("Temperature", [
         (f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import pwd
 import re
 import shutil
 import socket
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from scenarios import three_gpus
 
@@ -64,7 +67,8 @@ def exprs(dashboard: dict[str, Any]) -> list[str]:
 def substitute(expr: str) -> str:
     for var, value in sorted(VARIABLE_VALUES.items(), key=lambda kv: -len(kv[0])):
         expr = expr.replace(var, value)
-    assert "$" not in expr, expr
+    # $1, $2 are label_replace's capture groups: Grafana leaves a "$name" that is no variable as it is
+    assert not re.search(r"\$(?!\d)", expr), expr
     return expr
 
 
@@ -119,9 +123,10 @@ def test_dashboard_structure(path):
                 assert "{{instance}}" in t["legendFormat"], (p["title"], t["legendFormat"])
         unit = p["fieldConfig"]["defaults"]["unit"]
         first = p["targets"][0]["expr"]
+        divides = "/" in re.sub(r'"[^"]*"', '""', first)  # not a "/" in a string (label_replace's "$1/$2")
         if p["type"] != "table":
-            expected = ("bytes" if "_bytes{" in first and "/" not in first else
-                        "percentunit" if "_ratio{" in first or ("_bytes{" in first and "/" in first) else
+            expected = ("bytes" if "_bytes{" in first and not divides else
+                        "percentunit" if "_ratio{" in first or ("_bytes{" in first and divides) else
                         "celsius" if "_celsius{" in first else
                         "watt" if "_watts{" in first else
                         "hertz" if "_hertz{" in first else None)
@@ -133,7 +138,8 @@ def test_dashboard_structure(path):
 def test_dashboard_metric_names_exist_in_the_contract(path):
     known = contract_families() | {"up"}
     functions = {"sum", "count", "or", "vector", "increase", "time", "rate", "max", "min", "avg", "label_values",
-                 "and", "unless", "round", "bool", "group_left", "group_right"}
+                 "and", "unless", "round", "bool", "group_left", "group_right", "group", "label_join",
+                 "label_replace"}
     # label lists of by/without/on/ignoring/group_*, selectors, strings, ranges and offsets are not names
     grouping = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
     for expr in exprs(load(path)):
@@ -173,6 +179,105 @@ def test_fleet_xid_column_counts_first_events_and_survives_restarts(tmp_path):
     result = subprocess.run([need("promtool"), "test", "rules", str(tmp_path / "xid24h.test.yml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def panel_exprs(dashboard: str, title: str) -> dict[str, str]:
+    """refId -> query of the panel with that title, the dashboard variables substituted."""
+    panel = next(p for p in panels(load(REPO / "dashboards" / dashboard)) if p["title"] == title)
+    return {t["refId"]: substitute(t["expr"]) for t in panel["targets"]}
+
+
+def promtool_instant(tmp_path: Path, series: list[tuple[str, dict[str, str], float]],
+                     checks: list[tuple[str, list[tuple[dict[str, str], float]]]]) -> None:
+    """Runs each (query, expected samples) with promtool over series of constant value."""
+    def text(name: str, labels: dict[str, str]) -> str:
+        return name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": text(name, labels), "values": f"{value}x5"} for name, labels, value in series],
+        "promql_expr_test": [
+            {"expr": expr, "eval_time": "2m",
+             "exp_samples": [{"labels": text(labels.pop("__name__", ""), labels), "value": value}
+                             for labels, value in ((dict(l), v) for l, v in expected)]}
+            for expr, expected in checks],
+    }]}
+    (tmp_path / "panels.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+    result = subprocess.run([need("promtool"), "test", "rules", str(tmp_path / "panels.test.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("title, family, extra", [
+    ("VRAM by process", "resmon_gpu_process_memory_used_bytes", {}),
+    ("SM utilization by process", "resmon_gpu_process_utilization_ratio", {"engine": "sm"}),
+])
+def test_process_legends_name_the_pod_else_the_process(tmp_path, title, family, extra):
+    """The `who` label of the per-process panels for every shape the two group-by modes serve."""
+    (expr,) = panel_exprs("resmon-node.json", title).values()
+    gpu = {"job": "resmon", "instance": "h:9636", "gpu": "0", "uuid": "GPU-0"}
+    pod = {"pod_uid": "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f", "namespace": "ml"}
+    shapes = [  # the owner labels a series carries (empty ones are absent in Prometheus), its legend
+        ({"pid": "11", "process": "python", "user": "root", "container_id": "a" * 64, **pod, "pod": "train-0",
+          "container": "main"}, "ml/train-0 (main) pid 11"),
+        ({"container_id": "b" * 64, **pod, "pod": "train-1", "container": "main"}, "ml/train-1 (main)"),  # by container
+        ({"pid": "12", "process": "python", "user": "root", "container_id": "c" * 64, **pod, "pod": "train-2"},
+         "ml/train-2"),  # the pod runs several containers, none of them known to hold this GPU
+        ({"pid": "13", "process": "Xorg", "user": "root"}, "Xorg (pid 13)"),
+        ({"pid": "14", "process": "a;b c", "user": "1001", "container_id": "d" * 64}, "a;b c (pid 14)"),  # Docker
+        ({"container_id": "0123456789ab" + "e" * 52}, "container 0123456789ab"),  # by container, plain Docker
+        ({}, "outside containers"),  # by container: the host's processes, summed
+    ]
+    series = [(family, {**gpu, **owner, **extra}, i / 8) for i, (owner, _) in enumerate(shapes)]
+    if extra:  # another engine's series are not the panel's
+        series.append((family, {**gpu, "pid": "13", "process": "Xorg", "user": "root", "engine": "memory"}, 1))
+    expected = [({"__name__": family, **labels, "who": legend}, value)
+                for (_, labels, value), (_, legend) in zip(series, shapes)]
+    promtool_instant(tmp_path, series, [(expr, expected)])
+
+
+def test_pods_get_their_own_vram_not_the_shared_device(tmp_path):
+    """Time-slicing: pods a and b share GPU 0 (replicas GPU-0::0, ::2 for a, ::1 for b), b and c
+    share GPU 1. Each pod's VRAM is its own processes' (a runs two in one container); the
+    device's VRAM is shown only as the device's; a host process belongs to no pod; c holds a GPU
+    it does not use; a's two replicas are one GPU."""
+    node = panel_exprs("resmon-node.json", "GPU allocations by pod")
+    fleet = panel_exprs("resmon-fleet.json", "Pods by VRAM")
+    host = {"job": "resmon", "instance": "h:9636"}
+    gpus = {"0": {**host, "gpu": "0", "uuid": "GPU-0"}, "1": {**host, "gpu": "1", "uuid": "GPU-1"}}
+
+    def owner(pod: str) -> dict[str, str]:
+        return {"namespace": "ml", "pod": pod, "container": "main"}
+
+    allocations = [{**gpus["0"], **owner("a"), "resource": "nvidia.com/gpu", "device_id": "GPU-0::0"},
+                   {**gpus["0"], **owner("a"), "resource": "nvidia.com/gpu", "device_id": "GPU-0::2"},
+                   {**gpus["0"], **owner("b"), "resource": "nvidia.com/gpu", "device_id": "GPU-0::1"},
+                   {**gpus["1"], **owner("b"), "resource": "nvidia.com/gpu", "device_id": "GPU-1::0"},
+                   {**gpus["1"], **owner("c"), "resource": "nvidia.com/gpu", "device_id": "GPU-1::1"}]
+    procs = [({**gpus["0"], "pid": "1", **owner("a")}, 30 * GIB, 0.25),
+             ({**gpus["0"], "pid": "2", **owner("a")}, 5 * GIB, 0.125),
+             ({**gpus["0"], "pid": "3", **owner("b")}, 10 * GIB, 0.25),
+             ({**gpus["0"], "pid": "4", "process": "Xorg"}, 25 * GIB, 0.5),
+             ({**gpus["1"], "pid": "5", **owner("b")}, 2 * GIB, 0.25)]
+    series = [("resmon_gpu_memory_used_bytes", gpus["0"], 70 * GIB),
+              ("resmon_gpu_memory_used_bytes", gpus["1"], 5 * GIB)]
+    series += [("resmon_gpu_allocation_info", a, 1) for a in allocations]
+    series += [("resmon_gpu_process_memory_used_bytes", labels, vram) for labels, vram, _ in procs]
+    series += [("resmon_gpu_process_utilization_ratio", {**labels, "engine": engine}, sm if engine == "sm" else 1)
+               for labels, _, sm in procs for engine in ("sm", "memory")]
+    a, a2, b0, b1, c = allocations
+
+    def pod(name: str) -> dict[str, str]:
+        return {"instance": "h:9636", "namespace": "ml", "pod": name}
+
+    promtool_instant(tmp_path, series, [
+        (node["A"], [({"__name__": "resmon_gpu_allocation_info", **x}, 1) for x in allocations]),
+        (node["B"], [(a, 35 * GIB), (a2, 35 * GIB), (b0, 10 * GIB), (b1, 2 * GIB)]),  # the container's own
+        (node["C"], [(a, 70 * GIB), (a2, 70 * GIB), (b0, 70 * GIB), (b1, 5 * GIB), (c, 5 * GIB)]),  # the device's
+        (fleet["A"], [(pod("a"), 35 * GIB), (pod("b"), 12 * GIB)]),
+        (fleet["B"], [(pod("a"), 0.375), (pod("b"), 0.5)]),
+        (fleet["C"], [(pod("a"), 1), (pod("b"), 2), (pod("c"), 1)]),
+    ])
 
 
 # -- alert rules ---------------------------------------------------------------------------
@@ -243,7 +348,7 @@ def test_dockerfile_runs_unprivileged_with_a_healthcheck():
     assert re.search(r"^FROM python:3\.\d+-slim$", text, re.M)
     assert re.search(r"^USER 10001$", text, re.M)
     assert "HEALTHCHECK" in text and "/-/healthy" in text
-    assert '.[gpu-tracker]' in text
+    assert '.[gpu-tracker,kubernetes]' in text  # the image attributes pods
 
 
 def test_grafana_provisioning_matches_the_compose_mounts():
@@ -293,6 +398,64 @@ def wait_until(what: str, check: Any, timeout: float) -> Any:
 
 UUID = {i: f"GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000{i}" for i in range(4)}
 HW_THERMAL_SHARE = 0.5  # GPU 0's hardware thermal slowdown counter grows 0.5 s per second
+# Who uses the GPU (processes and kubernetes collectors): GPU 0 is time-sliced between two
+# pods. team-a/train-0's process holds POD_VRAM, a host process HOST_VRAM; team-b/notebook-1
+# holds a replica of GPU 0 and GPU 1 but runs nothing on them. Of the 76 GiB the device uses,
+# no pod may be shown the whole.
+POD_UID = "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f"
+CONTAINER_ID = "4f6c" * 16
+POD_VRAM, HOST_VRAM = 40 * GIB, 20 * GIB
+POD_SM, HOST_SM = 50, 30  # percent, in every process utilization sample
+
+
+class GpuUsers:
+    """Two real children of the test as the GPU's processes, and the host files the exporter
+    reads about them: --path.procfs is a tree holding their real comm and status, and the real
+    cgroup for the host process but a kubepods one (containerd, systemd driver) for the pod's;
+    --kubernetes.pod-logs-dir names that pod's UID; a fake kubelet lists the allocations."""
+
+    def __init__(self, root: Path) -> None:
+        self.children = [subprocess.Popen(["sleep", "3600"]) for _ in range(2)]
+        self.host_pid, self.pod_pid = (c.pid for c in self.children)
+        self.procfs, self.pod_logs = root / "proc", root / "pods"
+        (self.procfs / "self").mkdir(parents=True)  # what the exporter checks a procfs by
+        kubepods = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+                    f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CONTAINER_ID}.scope\n")
+        for pid in (self.host_pid, self.pod_pid):
+            (self.procfs / str(pid)).mkdir()
+            for name in ("comm", "status", "cgroup"):
+                text = Path(f"/proc/{pid}/{name}").read_text()
+                if name == "cgroup" and pid == self.pod_pid:
+                    text = kubepods
+                (self.procfs / str(pid) / name).write_text(text)
+        (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer").mkdir(parents=True)
+        (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer" / "0.log").write_text("")
+        self.socket_dir = short_socket_dir()
+        self.kubelet = FakeKubelet(str(Path(self.socket_dir) / "kubelet.sock")).start()
+        self.kubelet.pods = [
+            Pod("team-a", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [f"{UUID[0]}::0"])])]),
+            Pod("team-b", "notebook-1", [Container("lab", [Device("nvidia.com/gpu", [f"{UUID[0]}::1", UUID[1]])])]),
+        ]
+
+    def args(self) -> list[str]:
+        return ["--collector.processes", f"--path.procfs={self.procfs}", f"--kubernetes.pod-logs-dir={self.pod_logs}",
+                f"--kubernetes.pod-resources-socket={self.kubelet.socket_path}", "--kubernetes.cache-ttl=500ms"]
+
+    def scenario(self) -> dict[str, Any]:
+        return gpu_keys(0, processes=f"{self.host_pid}:{HOST_VRAM},{self.pod_pid}:{POD_VRAM}",
+                        process_util=f"{self.host_pid}:{HOST_SM}:10:0:0,{self.pod_pid}:{POD_SM}:20:0:0")
+
+    @property
+    def user(self) -> str:
+        """The children's (real uid from their status files): the test's own."""
+        return pwd.getpwuid(os.getuid()).pw_name
+
+    def stop(self) -> None:
+        self.kubelet.stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        for child in self.children:
+            child.kill()
+            child.wait(5)
 
 
 def stack_machine() -> dict[str, Any]:
@@ -343,10 +506,14 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.scenario = Scenario(root / "scenario.txt", stack_machine())
+        self.users = GpuUsers(root)
+        machine = stack_machine()
+        machine.pop("gpu.0.graphics_processes")
+        self.scenario = Scenario(root / "scenario.txt", {**machine, **self.users.scenario()})
         self.ticker = threading.Thread(target=self.tick, daemon=True)
         self.ticker.start()
-        self.exporter = Exporter(["--collect.cache-ttl=500ms"], nvml_env(lib, self.scenario, Trace(root / "trace")))
+        self.exporter = Exporter(["--collect.cache-ttl=500ms", *self.users.args()],
+                                 nvml_env(lib, self.scenario, Trace(root / "trace")))
         self.exporter.wait_listening()
         self.webhook = Webhook()
         threading.Thread(target=self.webhook.serve_forever, daemon=True).start()
@@ -388,6 +555,8 @@ class Stack:
                    lambda: self.query('resmon_collector_success{collector="xid"} == 1'), 60)
         self.inject_xid(1, 13)  # an application's XID: panels get data, nothing pages
         wait_until("the XID in Prometheus", lambda: self.query('resmon_gpu_xid_errors_total{xid="13"}'), 60)
+        wait_until("the pod's process and allocations in Prometheus", lambda: self.query(
+            'resmon_gpu_process_memory_used_bytes{pod="train-0"} and on (pod) resmon_gpu_allocation_info'), 60)
 
     def tick(self) -> None:
         """Counters that move: GPU 0's hardware thermal slowdown time, PCIe and NVLink bytes."""
@@ -443,6 +612,7 @@ class Stack:
                 p.kill()
         self.webhook.shutdown()
         self.exporter.stop()
+        self.users.stop()
 
 
 @pytest.fixture(scope="module")
@@ -473,6 +643,48 @@ def test_dashboard_variables_have_values(stack, path):
         assert data and {s.get(label) for s in data} - {None}, (v["name"], selector)
 
 
+def settle(what: str, fetch: Any, expected: Any, timeout: float = 60) -> None:
+    """Waits until fetch() == expected; the failure shows the last answer."""
+    got: list[Any] = []
+    try:
+        wait_until(what, lambda: got.append(fetch()) or got[-1] == expected, timeout)
+    except AssertionError:
+        raise AssertionError(f"{what}: expected {expected}, last got {got[-1] if got else None}") from None
+
+
+def test_who_uses_the_gpu_panels_give_each_pod_its_own_vram(stack):
+    """The new panels live: GPU 0 is time-sliced between train-0 (40 GiB in its process) and
+    notebook-1 (no process), next to a host process (20 GiB); the device uses 76 GiB."""
+    users = stack.users
+    node = panel_exprs("resmon-node.json", "GPU allocations by pod")
+    fleet = panel_exprs("resmon-fleet.json", "Pods by VRAM")
+
+    def by(expr: str, *labels: str) -> dict[tuple[str, ...], float]:
+        return {tuple(r["metric"].get(l, "") for l in labels): float(r["value"][1]) for r in stack.query(expr)}
+
+    pod_who, host_who = f"team-a/train-0 (trainer) pid {users.pod_pid}", f"sleep (pid {users.host_pid})"
+    (vram,) = panel_exprs("resmon-node.json", "VRAM by process").values()
+    settle("VRAM by process", lambda: by(vram, "gpu", "who"), {("0", pod_who): POD_VRAM, ("0", host_who): HOST_VRAM})
+    host = [r["metric"] for r in stack.query(vram) if r["metric"]["who"] == host_who]
+    assert [(m["process"], m["user"], m.get("pod", "")) for m in host] == [("sleep", users.user, "")]
+    (sm,) = panel_exprs("resmon-node.json", "SM utilization by process").values()
+    settle("SM utilization by process", lambda: by(sm, "gpu", "who"),  # every sample says POD_SM / HOST_SM
+           {("0", pod_who): POD_SM / 100, ("0", host_who): HOST_SM / 100})
+
+    held = {("team-a", "train-0", "trainer", "0", f"{UUID[0]}::0"),
+            ("team-b", "notebook-1", "lab", "0", f"{UUID[0]}::1"), ("team-b", "notebook-1", "lab", "1", UUID[1])}
+    row = ("namespace", "pod", "container", "gpu", "device_id")
+    assert set(by(node["A"], *row)) == held
+    assert by(node["B"], *row) == {("team-a", "train-0", "trainer", "0", f"{UUID[0]}::0"): POD_VRAM}
+    device = {r["metric"]["gpu"]: float(r["value"][1]) for r in stack.query("resmon_gpu_memory_used_bytes")}
+    assert device["0"] == 76 * GIB
+    assert by(node["C"], *row) == {r: device[r[3]] for r in held}  # labelled the device's, the same on both pods
+
+    settle("Pods by VRAM", lambda: by(fleet["A"], "namespace", "pod"), {("team-a", "train-0"): POD_VRAM})
+    settle("Pods by VRAM: SM", lambda: by(fleet["B"], "namespace", "pod"), {("team-a", "train-0"): POD_SM / 100})
+    assert by(fleet["C"], "namespace", "pod") == {("team-a", "train-0"): 1, ("team-b", "notebook-1"): 2}
+
+
 def test_vram_pressure_alert_fires_and_is_delivered(stack):
     def firing():
         data = stack.api("/api/v1/alerts") or {"alerts": []}
@@ -485,9 +697,12 @@ def test_vram_pressure_alert_fires_and_is_delivered(stack):
     # humanizePercentage prints as 95.62%
     instance = f"127.0.0.1:{stack.exporter.port}"
     assert alerts[0]["annotations"]["summary"] == f"GPU 0 on {instance} has used 95.62% of its VRAM"
+    # the largest holder on the GPU, from the per-process series: the pod, named by the kubelet's
+    # pod log directory (its UID from the process's cgroup) and the container holding the GPU
     assert alerts[0]["annotations"]["description"] == (
         "VRAM in use (driver-reserved included) has been above 90 % for 5 minutes on GPU 0 "
-        "(GPU-0c1c7b8e-1d2e-4c47-9b5a-000000000000). New allocations may fail soon.")
+        "(GPU-0c1c7b8e-1d2e-4c47-9b5a-000000000000). New allocations may fail soon. "
+        "Largest VRAM holder: pod team-a/train-0 (container trainer), 40GiB.")
 
     def delivered():
         return [a for p in stack.webhook.payloads for a in p["alerts"]

@@ -19,6 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 H1 = {"job": "resmon", "instance": "gpu-host-1:9636"}
 H2 = {"job": "resmon", "instance": "gpu-host-2:9636"}
+GIB = 1024**3
 
 
 def gpu(i: int, **extra: str) -> dict[str, str]:
@@ -97,6 +98,66 @@ def tests() -> list[dict[str, Any]]:
             {"expr": "gpu:resmon_gpu_memory_used:ratio", "eval_time": "5m", "exp_samples": [
                 {"labels": series("gpu:resmon_gpu_memory_used:ratio", gpu(i)), "value": v}
                 for i, v in ((0, 0.95), (1, 0.98), (2, 0.5))]},
+        ],
+    }
+    # The VRAM pressure descriptions name the largest holder on the GPU, from the processes
+    # collector's series of that instance and uuid; the group above (no process series at all)
+    # is the collector being off. All but GPU 2 over 90 % (GPU 1: 98 %). group-by=process: the
+    # host process (0), the pod (1) or a process without a user (5) largest. group-by=container:
+    # a plain Docker container (3), the processes outside containers (4), a pod whose container
+    # is not known (7: it runs several, none named holding this GPU) largest. GPU 6 has no
+    # process series. GPU 2 (50 %, quiet) and host 2 (the same uuid as GPU 0) hold more than any
+    # of them: naming theirs would be the wrong GPU.
+    holder_ratio = {0: 5, 1: 2, 2: 50, 3: 5, 4: 5, 5: 5, 6: 5, 7: 5}
+    docker_id = "0123456789ab" + "cdef0123" * 6 + "cdef"
+    pod = {"container_id": "f" * 64, "pod_uid": "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f", "namespace": "team-a",
+           "pod": "train-0", "container": "trainer"}
+    processes = [
+        (gpu(0, pid="4242", process="python", user="alice"), 60 * GIB),
+        (gpu(0, pid="5151", process="python", user="root", **pod), 20 * GIB),
+        (gpu(1, pid="4242", process="python", user="alice"), 10 * GIB),
+        (gpu(1, pid="5151", process="python", user="root", **pod), 70 * GIB),
+        (gpu(2, pid="7000", process="hog", user="bob"), 90 * GIB),
+        (gpu(3, container_id=docker_id), 8 * GIB),
+        (gpu(3), 1 * GIB),  # summed host processes
+        (gpu(4), 2 * GIB),
+        (gpu(5, pid="99", process="tool"), 512 * 1024**2),
+        (gpu(7, container_id="e" * 64, pod_uid=pod["pod_uid"], namespace="team-b", pod="notebook-1"), 3 * GIB),
+        ({**H2, "gpu": "0", "uuid": "GPU-00000000", "pid": "1", "process": "other", "user": "carol"}, 79 * GIB),
+    ]
+
+    def pressure(i: int, held: str) -> dict[str, Any]:
+        return firing(gpu(i), "warning", f"GPU {i} on gpu-host-1:9636 has used {100 - holder_ratio[i]}% of its VRAM",
+                      "VRAM in use (driver-reserved included) has been above 90 % for 5 minutes on GPU "
+                      f"{i} (GPU-0000000{i}). New allocations may fail soon.{held}", RUNBOOK["vram"])
+
+    holder = {
+        "name": "VRAM pressure names the largest holder",
+        "interval": "1m",
+        "input_series": [
+            {"series": series("resmon_gpu_memory_total_bytes", gpu(i)), "values": "100x20"} for i in holder_ratio
+        ] + [
+            {"series": series("resmon_gpu_memory_free_bytes", gpu(i)), "values": f"{free}x20"}
+            for i, free in holder_ratio.items()
+        ] + [
+            {"series": series("resmon_gpu_process_memory_used_bytes", labels), "values": f"{value}x20"}
+            for labels, value in processes
+        ],
+        "alert_rule_test": [
+            check("10m", "ResmonGpuVramPressure",
+                  pressure(0, " Largest VRAM holder: process python (pid 4242, user alice), 60GiB."),
+                  pressure(1, " Largest VRAM holder: pod team-a/train-0 (container trainer), 70GiB."),
+                  pressure(3, " Largest VRAM holder: container 0123456789ab, 8GiB."),
+                  pressure(4, " Largest VRAM holder: processes outside containers, 2GiB."),
+                  pressure(5, " Largest VRAM holder: process tool (pid 99), 512MiB."),
+                  pressure(6, ""),
+                  pressure(7, " Largest VRAM holder: pod team-b/notebook-1, 3GiB.")),
+            check("10m", "ResmonGpuVramPressureCritical",
+                  firing(gpu(1), "critical", "GPU 1 on gpu-host-1:9636 is out of VRAM (98% used)",
+                         "VRAM in use has been above 97 % for 2 minutes on GPU 1 (GPU-00000001): allocations are "
+                         "failing or about to. Largest VRAM holder: pod team-a/train-0 (container trainer), 70GiB.",
+                         "Free VRAM now: stop the largest job on this GPU or move it; check for leaked CUDA "
+                         "contexts.")),
         ],
     }
     filling = {
@@ -189,6 +250,8 @@ def tests() -> list[dict[str, Any]]:
             {"series": series("resmon_collector_success", {**H1, "collector": "xid"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H1, "collector": "nvlink"}), "values": "1x20"},
             {"series": series("resmon_collector_success", {**H2, "collector": "health"}), "values": "1 0x3 1x16"},
+            {"series": series("resmon_collector_success", {**H1, "collector": "kubernetes"}), "values": "0x20"},
+            {"series": series("resmon_collector_success", {**H2, "collector": "processes"}), "values": "0x10 1x10"},
             {"series": series("resmon_last_refresh_timestamp_seconds", {**H1, "collector": "gpu"}), "values": "0x20"},
             {"series": series("resmon_last_refresh_timestamp_seconds", {**H2, "collector": "gpu"}), "values": "0+60x20"},
             {"series": series("up", H1), "values": "0x20"},
@@ -225,6 +288,14 @@ def tests() -> list[dict[str, Any]]:
                          "read it cannot fire meanwhile.",
                          "Read the exporter's log for the collector's error and check the driver (nvidia-smi -q); "
                          "restart the exporter if it persists.")),
+            check("10m", "ResmonAttributionCollectorFailing"),  # pending: for 15m
+            check("18m", "ResmonAttributionCollectorFailing",  # H2's processes recovered at 10m
+                  firing({**H1, "collector": "kubernetes"}, "warning",
+                         "resmon on gpu-host-1:9636 cannot tell who uses its GPUs (kubernetes collector)",
+                         "The kubernetes collector has failed for 15 minutes: process or pod attribution is missing, "
+                         "and the VRAM alerts cannot name the largest holder.",
+                         "Read the exporter's log: for kubernetes, the kubelet socket mount and uid 0; for processes, "
+                         "hostPID or --path.procfs.")),
             check("7m", "ResmonRefreshStale"),  # stale since 5m, pending for 5m
             check("12m", "ResmonRefreshStale",
                   firing({**H1, "collector": "gpu"}, "warning",
@@ -460,7 +531,7 @@ def tests() -> list[dict[str, Any]]:
                          "Check the scrape configuration or service discovery (job name must match resmon.*).")),
         ],
     }
-    return [vram, filling, temp, xid, ecc, memory, nvlink, pcie, health, absent]
+    return [vram, holder, filling, temp, xid, ecc, memory, nvlink, pcie, health, absent]
 
 
 def document() -> str:
