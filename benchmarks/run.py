@@ -396,8 +396,26 @@ def main() -> int:
                 idle_switches.append(switches(proc.pid) - s0)
             finally:
                 stop(proc)
+        # a Kubernetes node: the kubelet socket exists, so the collector loads grpc and protobuf
+        from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+
+        kubelet = FakeKubelet(os.path.join(short_socket_dir(), "kubelet.sock"))
+        kubelet.pods = [Pod("ns", f"pod-{i}", [Container("c", [Device("nvidia.com/gpu", [f"{i}"])])]) for i in range(8)]
+        kubelet.start()
+        rss_kube = []
+        try:
+            for _ in range(runs):
+                proc, port, _ = start_exporter(blocking, f"--kubernetes.pod-resources-socket={kubelet.socket_path}")
+                try:
+                    scrape_latencies(port, 20, None, False)
+                    rss_kube.append(status_kb(proc.pid, "VmRSS") / 1024)
+                finally:
+                    stop(proc)
+        finally:
+            kubelet.stop()
         table.add("start to /-/ready, 8 GPUs", summary(ready), "ms")
         table.add("RSS after start, 8 GPUs", summary(rss_start), "MiB", "rss_start")
+        table.add("RSS with the kubelet socket present (grpc, protobuf loaded)", summary(rss_kube), "MiB")
         table.add(f"RSS after {many} scrapes", summary(rss_after), "MiB")
         table.add(f"CPU over {idle:g} s idle", summary(idle_cpu), "ms")
         table.add(f"wakeups (context switches) over {idle:g} s idle, XID watcher on", summary([float(s) for s in idle_switches]), "")

@@ -3,20 +3,22 @@
 - A device id the kubelet reports (GPU-..., MIG-..., replicas ::N, indices, PCI ids) is
   resolved to one of the backend's GPUs; an id that resolves to none (another vendor's
   device, a GPU this backend does not see) is left out.
-- A process's container and pod UID come from its cgroup; namespace and pod from the
-  kubelet's pod log directories (by UID: the PodResources API carries no UID); the
-  container name from the pod's allocations on that GPU, or the pod's only container.
-  Each process is attributed by its own cgroup: pods sharing a GPU never inherit each
-  other's (or the whole device's) numbers.
+- A process's container id and pod UID come from its cgroup; namespace, pod and container
+  names from the kubelet's log directories (by container id, else by pod UID: the
+  PodResources API carries neither). Each process is attributed by its own cgroup: pods
+  sharing a GPU never inherit each other's (or the whole device's) numbers, and a sidecar
+  that did not ask for the GPU is not named after the container that did.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
+from .cgroups import ContainerRef
 from .kubernetes.deviceids import DeviceRef, normalise_pci, parse_device_id
 from .kubernetes.kubelet import KubeletState
-from .kubernetes.podlogs import PodName
+from .kubernetes.podlogs import ContainerName, PodName
 from .procfs import ProcReader
 from .samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 
@@ -73,41 +75,46 @@ def allocations(reading: GpuReading | None, state: KubeletState) -> tuple[Alloca
     return tuple(sorted(out, key=lambda s: (s.gpu, s.uuid, s.namespace, s.pod, s.container, s.device_id)))
 
 
-def processes(
-    reading: GpuReading | None,
-    procs: ProcReader,
-    names: dict[str, PodName] | None,
-    allocated: tuple[AllocationSample, ...] | None,
-) -> tuple[ProcessSample, ...]:
+@dataclass(frozen=True, slots=True)
+class Names:
+    """What the kubelet's log directories say: pods by UID, containers by id."""
+
+    pods: dict[str, PodName]
+    containers: dict[str, ContainerName]
+
+
+def _owner(ref: ContainerRef, names: Names | None) -> tuple[str, str, str]:
+    """namespace, pod, container of a process's cgroup: by container id where the kubelet
+    linked its log, else the pod by UID (and its container only if it has just one)."""
+    if names is None or not ref.pod_uid:
+        return "", "", ""
+    by_id = names.containers.get(ref.container_id) if ref.container_id else None
+    if by_id is not None:
+        return by_id.namespace, by_id.pod, by_id.container
+    pod = names.pods.get(ref.pod_uid)
+    if pod is None:
+        return "", "", ""
+    return pod.namespace, pod.pod, pod.containers[0] if len(pod.containers) == 1 else ""
+
+
+def processes(reading: GpuReading | None, procs: ProcReader, names: Names | None) -> tuple[ProcessSample, ...]:
     """The processes of every answering GPU with their owners. A process that exited since
-    the driver listed it is skipped. names: pod UID -> names (None: kubernetes off)."""
+    the driver listed it is skipped. names: None with the kubernetes collector off."""
     if reading is None:
         return ()
-    holders: dict[tuple[str, str, str], set[str]] = {}  # (uuid, namespace, pod) -> containers holding that GPU
-    for a in allocated or ():
-        holders.setdefault((a.uuid, a.namespace, a.pod), set()).add(a.container)
     out = []
     for d in reading.devices:
         if not d.up or d.process_list is None:
             continue
-        uuid = d.identity.uuid
         for p in d.process_list:
             info = procs.read(p.pid)
             if info is None:
                 continue
             ref = info.container
-            namespace = pod = container = ""
-            name = names.get(ref.pod_uid) if names and ref.pod_uid else None
-            if name is not None:
-                namespace, pod = name.namespace, name.pod
-                held = holders.get((uuid, namespace, pod), set())
-                if len(held) == 1:
-                    container = next(iter(held))
-                elif len(name.containers) == 1:
-                    container = name.containers[0]
+            namespace, pod, container = _owner(ref, names)
             out.append(
                 ProcessSample(
-                    gpu=d.identity.index, uuid=uuid, pid=p.pid, process=info.comm, user=info.user,
+                    gpu=d.identity.index, uuid=d.identity.uuid, pid=p.pid, process=info.comm, user=info.user,
                     container_id=ref.container_id, pod_uid=ref.pod_uid, namespace=namespace, pod=pod,
                     container=container, memory_bytes=p.memory_bytes, utilization=p.utilization,
                 )

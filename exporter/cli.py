@@ -86,15 +86,22 @@ def _listen_address(text: str) -> str:
 
 
 def _non_negative_int(text: str) -> int:
-    if not text.strip().isdigit():
+    if not text.strip().isdecimal() or not text.strip().isascii():
         raise ValueError(f"invalid number {text!r}: want a whole number, 0 or more")
     return int(text)
 
 
 def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
+    if not text.strip().isdecimal() or not text.strip().isascii() or int(text) < 1:
         raise ValueError(f"invalid number {text!r}: want a whole number, 1 or more")
     return int(text)
+
+
+def _socket_path(text: str) -> str:
+    # gRPC reads a comma in a unix target as a list of addresses
+    if "," in text:
+        raise ValueError(f"invalid socket path {text!r}: gRPC cannot connect to a path with a comma")
+    return text
 
 
 def _bool(text: str) -> bool:
@@ -152,9 +159,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.processes.max-per-gpu", 64, _positive_int, "Most process series per GPU and family, the largest by memory."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
     Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
-    Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", str, "The kubelet's PodResources API socket."),
+    Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", _socket_path, "The kubelet's PodResources API socket."),
     Flag("kubernetes.cache-ttl", 5.0, _duration(_HOUR), "Reuse the kubelet's List answer this long."),
     Flag("kubernetes.pod-logs-dir", "/var/log/pods", str, "The kubelet's pod log directory: pod UID to namespace and name, for process series."),
+    Flag("kubernetes.container-logs-dir", "/var/log/containers", str, "The kubelet's container log links: container id to its name, for process series."),
     Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
     Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
     Flag("log.format", "logfmt", _choice(("logfmt", "json")), "Log format: logfmt or json."),
@@ -185,6 +193,7 @@ class Config:
     kubernetes_pod_resources_socket: str
     kubernetes_cache_ttl: float
     kubernetes_pod_logs_dir: str
+    kubernetes_container_logs_dir: str
     collector_host: bool
     log_level: str
     log_format: str
@@ -304,6 +313,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
             pod_resources_socket=config.kubernetes_pod_resources_socket,
             kubernetes_cache_ttl=config.kubernetes_cache_ttl,
             pod_logs_dir=config.kubernetes_pod_logs_dir,
+            container_logs_dir=config.kubernetes_container_logs_dir,
             logger=log,
         )
     except BackendError as exc:

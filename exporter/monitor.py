@@ -22,11 +22,11 @@ from typing import Any
 from . import attribution
 from .backends import GpuBackend, GpuOptions, make_backend
 from .host import HostReader
-from .kubernetes.kubelet import KubeletReader, KubeletState
-from .kubernetes.podlogs import pod_names
+from .kubernetes.kubelet import KubeletReader
+from .kubernetes.podlogs import container_names, pod_names
 from .logs import LOGGER_NAME, fields
 from .procfs import ProcReader
-from .samples import AllocationSample, CollectorStatus, GpuReading, HostSample, ProcessSample, Snapshot
+from .samples import CollectorStatus, GpuReading, HostSample, ProcessSample, Snapshot
 
 GIB = 1024**3
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -34,6 +34,7 @@ _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 # A read whose caller gave it the whole --collect.timeout may have started a moment after
 # the caller did: it counts as hung this much early.
 _HUNG_SLACK = 0.05
+_FIRST_KUBELET_WAIT = 1.0  # seconds a refresh waits for the kubelet's first List, never after
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -193,8 +194,8 @@ class ResourceMonitor:
     collect_xid: the collectors read along with the GPUs (NVML only). collect_processes:
     per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
     processes_group_by / processes_max_per_gpu for /metrics). collect_kubernetes: the
-    kubelet's PodResources socket, when it exists (pod_logs_dir: the kubelet's pod log
-    directories, for the pod names of processes). Use it as a context manager, or call
+    kubelet's PodResources socket, when it exists (pod_logs_dir, container_logs_dir: the
+    kubelet's log directories, for the pod and container names of processes). Use it as a context manager, or call
     close(), to stop its thread and release NVML.
     """
 
@@ -221,6 +222,7 @@ class ResourceMonitor:
         pod_resources_socket: str = POD_RESOURCES_SOCKET,
         kubernetes_cache_ttl: float = 5.0,
         pod_logs_dir: str = "/var/log/pods",
+        container_logs_dir: str = "/var/log/containers",
     ) -> None:
         self.memory_threshold = memory_threshold
         self.cpu_threshold = cpu_threshold
@@ -239,9 +241,11 @@ class ResourceMonitor:
         self.processes_group_by = processes_group_by
         self.processes_max_per_gpu = processes_max_per_gpu
         self._procs = ProcReader(procfs) if collect_processes and self._backend is not None else None
-        self._kubelet = KubeletReader(pod_resources_socket, kubernetes_cache_ttl, self._log) if collect_kubernetes else None
-        self._kube_lock = threading.Lock()
+        self._kubelet = (
+            KubeletReader(pod_resources_socket, kubernetes_cache_ttl, collect_timeout, self._log) if collect_kubernetes else None
+        )
         self._pod_logs_dir = pod_logs_dir
+        self._container_logs_dir = container_logs_dir
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
@@ -268,6 +272,8 @@ class ResourceMonitor:
         self._started = True
         if self._reader is not None:
             self._reader.ensure(time.monotonic(), 0.0)
+        if self._kubelet is not None:
+            self._kubelet.read(0.0)  # the first List, in the background
 
     # -- snapshot ---------------------------------------------------------------------
 
@@ -341,33 +347,25 @@ class ResourceMonitor:
         complete = True
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
-        kube = self._read_kubelet(deadline)  # after the GPU: a slow kubelet only spends what is left
+        # never waits for the kubelet but until its first answer (at most _FIRST_KUBELET_WAIT)
+        kube = self._kubelet.read(min(deadline - time.monotonic(), _FIRST_KUBELET_WAIT)) if self._kubelet else None
         allocations = attribution.allocations(gpu, kube) if kube is not None else None
         snap = Snapshot(
             gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
-            processes=self._attribute(gpu, kube, allocations),
+            processes=self._attribute(gpu),
             allocations=allocations,
             kubernetes_status=CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None,
         )
         return snap, complete
 
-    def _read_kubelet(self, deadline: float) -> KubeletState | None:
-        """The kubelet's allocations (cached), waiting at most until this caller's deadline,
-        and at most collect_timeout; None when the collector is off or has no socket."""
-        if self._kubelet is None:
-            return None
-        with self._kube_lock:  # one List at a time; a late caller's refresh waits here at most one call
-            return self._kubelet.read(min(deadline - time.monotonic(), self._timeout))
-
-    def _attribute(
-        self, gpu: GpuReading | None, kube: KubeletState | None, allocations: tuple[AllocationSample, ...] | None
-    ) -> tuple[ProcessSample, ...] | None:
+    def _attribute(self, gpu: GpuReading | None) -> tuple[ProcessSample, ...] | None:
         if self._procs is None:
             return None
         names = None
         if self._kubelet is not None and gpu is not None and any(d.process_list for d in gpu.devices):
-            names = pod_names(self._pod_logs_dir)  # a directory listing: cheap, and pods come and go
-        return attribution.processes(gpu, self._procs, names, allocations)
+            # two directory listings: cheap, and pods come and go
+            names = attribution.Names(pod_names(self._pod_logs_dir), container_names(self._container_logs_dir))
+        return attribution.processes(gpu, self._procs, names)
 
     def _await_gpu(
         self, reader: _GpuReader, target: int, started: float, deadline: float

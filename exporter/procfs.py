@@ -84,6 +84,8 @@ class ProcReader:
 
 def _lookup_user(uid: int) -> str:
     try:
-        return pwd.getpwuid(uid).pw_name
-    except (KeyError, OverflowError, ValueError):
+        name = pwd.getpwuid(uid).pw_name
+        name.encode("utf-8")  # a Latin-1 passwd entry comes back with surrogates: unexportable
+        return name
+    except (KeyError, OverflowError, ValueError):  # UnicodeEncodeError is a ValueError
         return str(uid)

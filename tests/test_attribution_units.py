@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exporter import attribution
 from exporter.kubernetes.kubelet import KubeletState
-from exporter.kubernetes.podlogs import PodName
+from exporter.kubernetes.podlogs import ContainerName, PodName
 from exporter.kubernetes.podresources import Allocation
 from exporter.process_collector import allocation_families, process_families
 from exporter.procfs import ProcReader
@@ -44,21 +44,26 @@ def test_device_ids_resolve_to_the_gpu_they_are_on():
     assert len(attribution.allocations(r, state)) == 6
 
 
-def test_owner_labels_from_cgroup_and_pod_names(tmp_path: Path):
+def test_owner_labels_from_cgroup_and_the_kubelets_logs(tmp_path: Path):
     me = os.getpid()
     proc = procfs_tree(tmp_path, {me: systemd_containerd(UID, CID)})
     r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 5, (("sm", 0.5),)), GpuProcess(2**22 + 7, 1))))
-    names = {UID: PodName("ml", "train", ("a", "b")), UID2: PodName("x", "y", ("z",))}
-    allocated = attribution.allocations(r, KubeletState((Allocation("ml", "train", "b", "nvidia.com/gpu", G0),), True, 0, 0))
-    rows = attribution.processes(r, ProcReader(str(proc)), names, allocated)
+    pods = {UID: PodName("ml", "train", ("a", "b")), UID2: PodName("x", "y", ("z",))}
+    names = attribution.Names(pods, {CID: ContainerName("ml", "train", "b")})
+    rows = attribution.processes(r, ProcReader(str(proc)), names)
     assert len(rows) == 1  # the PID that does not exist is skipped
     row = rows[0]
     assert (row.pid, row.container_id, row.pod_uid, row.namespace, row.pod, row.container) == (me, CID, UID, "ml", "train", "b")
     assert row.process == Path(f"/proc/{me}/comm").read_text().strip() and row.memory_bytes == 5
-    # without an allocation naming the container, a pod with two containers leaves it empty
-    assert attribution.processes(r, ProcReader(str(proc)), names, ())[0].container == ""
-    # kubernetes off: no names at all
-    assert attribution.processes(r, ProcReader(str(proc)), None, None)[0].pod == ""
+    # no link for its container id: the pod by UID, but with two containers not which one
+    row = attribution.processes(r, ProcReader(str(proc)), attribution.Names(pods, {}))[0]
+    assert (row.namespace, row.pod, row.container) == ("ml", "train", "")
+    # a pod with one container: that one
+    one = attribution.Names({UID: PodName("ml", "train", ("a",))}, {})
+    assert attribution.processes(r, ProcReader(str(proc)), one)[0].container == "a"
+    # kubernetes off: no names at all, the cgroup's ids still
+    row = attribution.processes(r, ProcReader(str(proc)), None)[0]
+    assert (row.pod, row.container_id, row.pod_uid) == ("", CID, UID)
 
 
 def sample(pid: int, memory: int | None, container: str = "", gpu_index: int = 0, sm: float = 0.0) -> ProcessSample:

@@ -21,7 +21,7 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                    "seed Mai approach per call", "start to /-/ready", "RSS after start", "RSS after 1000 scrapes",
                    "CPU over 5 s idle", "wakeups", "XID watcher on", "--no-collector.xid",
                    "8 H100-class GPUs, every v2 family", "200 processes, --collector.processes",
-                   "processes collector on / off"):
+                   "processes collector on / off", "RSS with the kubelet socket present"):
         assert needle in table, needle
     figures = json.loads(out.read_text())
     assert set(figures) == {"scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm", "rss_start",

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -15,9 +16,9 @@ import grpc
 import pytest
 
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
-from fakenvml import GIB
+from fakenvml import GIB, Scrape
 from scenarios import board_uuid
-from workloads import CID, CID2, UID, UID2, Workloads, pod_logs, procfs_tree, systemd_containerd
+from workloads import CID, CID2, CID3, UID, UID2, Workloads, container_logs, pod_logs, procfs_tree, systemd_containerd
 
 INFO = "resmon_gpu_allocation_info"
 G0, G1 = board_uuid("hopper", 0), board_uuid("hopper", 1)
@@ -92,18 +93,27 @@ def test_index_and_exclusive_uuid_ids(run_exporter, scenario, kubelet):
 
 
 def test_time_sliced_pods_each_get_their_own_processes_numbers(run_exporter, scenario, kubelet, workloads, tmp_path):
-    """Two pods share GPU 0: each pod's VRAM is its own processes', never the device's."""
-    a, b = workloads.start("trainer"), workloads.start("infer")
-    proc = procfs_tree(tmp_path / "proc", {a: systemd_containerd(UID, CID), b: systemd_containerd(UID2, CID2, "besteffort")})
+    """Two pods share GPU 0: each pod's VRAM is its own processes', never the device's; a
+    sidecar that did not ask for the GPU is named as itself, not after the container that did."""
+    a, side, b = workloads.start("trainer"), workloads.start("sidecar"), workloads.start("infer")
+    proc = procfs_tree(tmp_path / "proc", {
+        a: systemd_containerd(UID, CID), side: systemd_containerd(UID, CID3), b: systemd_containerd(UID2, CID2, "besteffort"),
+    })
     logs = pod_logs(tmp_path / "pods", [("ml", "train-0", UID, ["trainer", "loader"]), ("ml", "train-1", UID2, ["trainer"])])
-    scenario.write(two_gpus(**{"gpu.0.processes": f"{a}:{3 * GIB},{b}:{GIB}", "gpu.0.memory_used": 4 * GIB}))
+    links = container_logs(tmp_path / "containers", logs, [("ml", "train-0", UID, "trainer", CID), ("ml", "train-0", UID, "loader", CID3)])
+    scenario.write(two_gpus(**{"gpu.0.processes": f"{a}:{3 * GIB},{side}:{GIB // 2},{b}:{GIB}", "gpu.0.memory_used": 5 * GIB}))
     kubelet.pods = [pod("ml", "train-0", "trainer", "nvidia.com/gpu", G0 + "::0"), pod("ml", "train-1", "trainer", "nvidia.com/gpu", G0 + "::1")]
     kubelet.start()
     s = run_exporter("--collector.processes", f"--path.procfs={proc}", f"--kubernetes.pod-logs-dir={logs}",
-                     f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+                     f"--kubernetes.container-logs-dir={links}", f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
     mem = {(l["namespace"], l["pod"], l["container"]): v for l, v in s.series("resmon_gpu_process_memory_used_bytes")}
-    # train-0 has two containers: the one holding this GPU is named by the allocation
-    assert mem == {("ml", "train-0", "trainer"): 3 * GIB, ("ml", "train-1", "trainer"): GIB}
+    # train-1 has one container (named from the pod log directory); train-0's by container id
+    assert mem == {("ml", "train-0", "trainer"): 3 * GIB, ("ml", "train-0", "loader"): GIB // 2, ("ml", "train-1", "trainer"): GIB}
+    # without the container links, train-0's two containers cannot be told apart: left empty
+    s = run_exporter("--collector.processes", f"--path.procfs={proc}", f"--kubernetes.pod-logs-dir={logs}",
+                     f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    mem = {(l["container_id"], l["pod"], l["container"]): v for l, v in s.series("resmon_gpu_process_memory_used_bytes")}
+    assert mem == {(CID, "train-0", ""): 3 * GIB, (CID3, "train-0", ""): GIB // 2, (CID2, "train-1", "trainer"): GIB}
 
 
 def test_kubelet_stopped_and_restarted(run_exporter, scenario, kubelet):
@@ -166,3 +176,33 @@ def test_kubernetes_collector_off(run_exporter, scenario, kubelet):
     s = run_exporter("--no-collector.kubernetes", f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
     assert INFO not in s.families and not s.has("resmon_collector_success", collector="kubernetes")
     assert kubelet.calls == 0
+
+
+def test_a_hung_kubelet_fails_no_other_collector_for_concurrent_scrapes(run_exporter, scenario, kubelet):
+    """A scrape with a short deadline arriving while another one refreshes: the kubelet is
+    never waited for, so neither gets its GPU collector failed."""
+    scenario.write(two_gpus(**{"gpu.0.delay_ms.nvmlDeviceGetMemoryInfo_v2": 300}))  # each refresh takes a while
+    kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0)]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--collect.cache-ttl=0",
+                            "--kubernetes.cache-ttl=0")
+    assert exporter.scrape().value("resmon_collector_success", collector="kubernetes") == 1
+    kubelet.delay = 30.0
+    results: dict[str, object] = {}
+
+    def scrape(name: str, headers: dict[str, str]) -> None:
+        status, _, body = exporter.request("/metrics", headers=headers)
+        results[name] = (status, Scrape(body.decode()))
+
+    threads = [threading.Thread(target=scrape, args=("long", {})),
+               threading.Thread(target=scrape, args=("short", {"X-Prometheus-Scrape-Timeout-Seconds": "1"}))]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(30)
+    for name in ("long", "short"):
+        status, s = results[name]
+        assert status == 200, name
+        assert s.value("resmon_collector_success", collector="gpu") == 1, name
+        assert s.value("resmon_gpu_up", gpu="0") == 1, name

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from exporter.cgroups import parse_cgroup
-from exporter.kubernetes.podlogs import PodName, pod_names
+from exporter.kubernetes.podlogs import ContainerName, PodName, container_names, pod_names
 
 UID = "1234abcd-5678-90ef-a1b2-c3d4e5f60718"
 OTHER = "0b9c5e1a-2f3d-4c6b-8a7e-9d0f1e2c3b4a"
@@ -90,3 +90,17 @@ def test_missing_or_unusable_dir_is_empty(tmp_path: Path) -> None:
 
 def test_empty_dir_is_empty(tmp_path: Path) -> None:
     assert pod_names(str(tmp_path)) == {}
+
+
+def test_container_links_name_containers_by_id(tmp_path: Path) -> None:
+    cid, other = "ab" * 32, "cd" * 32
+    (tmp_path / f"train-0_ml_trainer-{cid}.log").symlink_to("/nonexistent/0.log")  # a dangling link still names it
+    (tmp_path / f"web-1_prod_server-{other}.log").write_text("")
+    (tmp_path / "truncated_ns_name-abc.log").write_text("")  # the kubelet cut the id off: no id, no entry
+    (tmp_path / f"too_many_parts_here-{cid}.log").write_text("")
+    (tmp_path / f"pod_ns_c-{cid.upper()}.log").write_text("")  # ids are lower-case hex
+    assert container_names(str(tmp_path)) == {
+        cid: ContainerName("ml", "train-0", "trainer"),
+        other: ContainerName("prod", "web-1", "server"),
+    }
+    assert container_names(str(tmp_path / "missing")) == {} and container_names("bad\0path") == {}

@@ -375,3 +375,17 @@ def test_real_kernel_from_a_private_cgroup_namespace(
     assert f"0::{seen_path}\n" in str(seen["cgroup"])  # the kernel really showed this form
     assert seen["comm"] == "gputrainer"
     assert seen["container"] == {"container_id": CID, "pod_uid": UID, "qos": "burstable"}
+
+
+def test_a_user_name_that_is_not_utf8_is_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Latin-1 passwd entry comes back with surrogates, which no scrape could encode."""
+    real = pwd.getpwuid
+
+    def latin1(uid: int) -> pwd.struct_passwd:
+        entry = real(uid)
+        return pwd.struct_passwd(("j\udcfcrgen", *tuple(entry)[1:]))
+
+    monkeypatch.setattr(pwd, "getpwuid", latin1)
+    info = ProcReader().read(os.getpid())
+    assert info is not None and info.user == str(os.getuid())
+    info.user.encode("utf-8")

@@ -4,7 +4,8 @@
   optionally under another uid (root only), killed at the end.
 - procfs_tree(): a --path.procfs directory whose PID entries link comm and status to the
   real /proc (the real comm and uid) and carry a written cgroup file (the runtime shape).
-- pod_logs(): the kubelet's /var/log/pods/<namespace>_<pod>_<uid>/<container>/ layout.
+- pod_logs(): the kubelet's /var/log/pods/<namespace>_<pod>_<uid>/<container>/ layout;
+  container_logs(): its /var/log/containers/<pod>_<namespace>_<container>-<id>.log links.
 """
 
 from __future__ import annotations
@@ -90,4 +91,13 @@ def pod_logs(root: Path, pods: list[tuple[str, str, str, list[str]]]) -> Path:
         for container in containers:
             (root / f"{namespace}_{pod}_{uid}" / container).mkdir(parents=True, exist_ok=True)
             (root / f"{namespace}_{pod}_{uid}" / container / "0.log").write_text("")
+    return root
+
+
+def container_logs(root: Path, pod_logs_root: Path, containers: list[tuple[str, str, str, str, str]]) -> Path:
+    """(namespace, pod, uid, container, container id) -> the kubelet's container log links."""
+    root.mkdir(parents=True, exist_ok=True)
+    for namespace, pod, uid, container, cid in containers:
+        target = pod_logs_root / f"{namespace}_{pod}_{uid}" / container / "0.log"
+        (root / f"{pod}_{namespace}_{container}-{cid}.log").symlink_to(target)
     return root

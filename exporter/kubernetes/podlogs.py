@@ -1,14 +1,20 @@
-"""Pod UID -> namespace, pod and container names, from the kubelet's log directory.
+"""Pod UID and container id -> namespace, pod and container names, from the kubelet's logs.
 
-The kubelet writes /var/log/pods/<namespace>_<pod>_<uid>/<container>/<n>.log. Namespace and
-pod names cannot contain "_", so the split is unambiguous; this joins a UID found in a cgroup
-path to names without asking the API server.
+The kubelet writes /var/log/pods/<namespace>_<pod>_<uid>/<container>/<n>.log and links
+/var/log/containers/<pod>_<namespace>_<container>-<container id>.log to it. Kubernetes
+names cannot contain "_", so the splits are unambiguous; this joins the UID and container
+id found in a process's cgroup to names without asking the API server.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
+
+# <pod>_<namespace>_<container>-<64 hex>.log; a name the kubelet truncated at 255 bytes
+# lost its id and does not match
+_CONTAINER_LOG = re.compile(r"^([^_]+)_([^_]+)_([^_]+)-([0-9a-f]{64})\.log$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +22,13 @@ class PodName:
     namespace: str
     pod: str
     containers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerName:
+    namespace: str
+    pod: str
+    container: str
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -54,3 +67,20 @@ def pod_names(pod_logs_dir: str) -> dict[str, PodName]:
         containers = tuple(_subdirs(os.path.join(pod_logs_dir, name)))
         pods[uid.lower()] = PodName(namespace=namespace, pod=pod, containers=containers)
     return pods
+
+
+def container_names(container_logs_dir: str) -> dict[str, ContainerName]:
+    """By container id (64 hex, lower case); {} when the directory is missing or unreadable.
+    Never raises."""
+    try:
+        with os.scandir(container_logs_dir) as entries:
+            names = [e.name for e in entries if e.name.isascii()]
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for name in names:
+        match = _CONTAINER_LOG.match(name)
+        if match:
+            pod, namespace, container, cid = match.groups()
+            out[cid] = ContainerName(namespace=namespace, pod=pod, container=container)
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,7 @@ def _rpc_error(err: Any, socket_path: str) -> PodResourcesError:
 
 def _import_grpc() -> Any:
     try:
-        import google.protobuf  # noqa: F401
+        import google.protobuf  # noqa: F401  (checked here: the descriptor needs it)
         import grpc
     except ImportError as err:
         raise PodResourcesError(
@@ -158,7 +159,7 @@ def _import_grpc() -> Any:
 def _call_list(grpc: Any, socket_path: str, timeout: float) -> tuple[Allocation, ...]:
     request_class, response_class = _message_classes()
     channel = grpc.insecure_channel(
-        "unix://" + os.path.abspath(socket_path),
+        "unix://" + urllib.parse.quote(os.path.abspath(socket_path)),  # "?", "#", "%" are URI syntax
         options=[
             ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
             # a restarted kubelet is a new socket: never reuse another channel's connection
