@@ -195,8 +195,8 @@ class ResourceMonitor:
     per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
     processes_group_by / processes_max_per_gpu for /metrics). collect_kubernetes: the
     kubelet's PodResources socket, when it exists (pod_logs_dir, container_logs_dir: the
-    kubelet's log directories, for the pod and container names of processes). Use it as a context manager, or call
-    close(), to stop its thread and release NVML.
+    kubelet's log directories, for the pod and container names of processes). Use it as a
+    context manager, or call close(), to stop its thread and release NVML.
     """
 
     def __init__(

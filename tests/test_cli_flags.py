@@ -53,6 +53,13 @@ def test_help_and_version_work_whatever_the_environment_holds():
         (["--web.telemetry-path=/métrics"], "printable ASCII"),
         (["--web.telemetry-path=/metric%73"], "without %"),
         (["--web.telemetry-path=/a#b"], "invalid telemetry path"),
+        (["--collector.processes.max-per-gpu=0"], "1 or more"),
+        (["--collector.processes.max-per-gpu=-1"], "1 or more"),
+        (["--collector.processes.max-per-gpu=\u00b2"], "1 or more"),
+        (["--collector.processes.group-by=pod"], "choose from process, container"),
+        (["--kubernetes.cache-ttl=soon"], "invalid duration"),
+        (["--kubernetes.pod-resources-socket=/a,b.sock"], "comma"),
+        (["--collector.processes", "--path.procfs=/nonexistent"], "not a procfs mount"),
     ],
 )
 def test_out_of_range_values_are_one_line_and_exit_2(args, needle):
@@ -74,3 +81,12 @@ def test_explicit_nvml_whose_init_hangs_is_a_bounded_startup_error(fake_libs, sc
     )
     assert time.monotonic() - started < 20  # the init hangs for 60 s; the bound is --collect.timeout
     one_line_exit_2(result, "nvmlInit did not return within 1s")
+
+
+def test_the_readme_lists_every_flag_with_its_environment_variable():
+    from exporter.cli import FLAGS
+
+    readme = (REPO / "README.md").read_text()
+    for flag in FLAGS:
+        spelled = f"`--[no-]{flag.name}`" if flag.boolean else f"`--{flag.name}`"
+        assert f"| {spelled} | `{flag.env}` |" in readme, flag.name

@@ -664,8 +664,8 @@ class NvmlBackend:
         for p in [*(compute or []), *(graphics or [])]:
             pid, used = int(p.pid), p.usedGpuMemory  # pynvml: None for NVML_VALUE_NOT_AVAILABLE
             used = None if used is None or used == _U64_NA else int(used)
-            known = memory.get(pid)
-            memory[pid] = used if known is None else max(known, used) if used is not None else known
+            if pid not in memory or (used is not None and (memory[pid] is None or used > memory[pid])):  # type: ignore[operator]
+                memory[pid] = used
         out["processes"] = len(memory)
         if self._options.processes:
             clock = time.perf_counter()
