@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from .cgroups import ContainerRef, parse_cgroup
 
+_CGROUP_CACHE = 4096  # distinct cgroup texts remembered
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
@@ -51,6 +53,8 @@ class ProcReader:
     def __init__(self, root: str = "/proc") -> None:
         self._root = root
         self._users: dict[int, str] = {}
+        # a container's processes share one cgroup text, and parsing it is most of a read
+        self._cgroups: dict[str, ContainerRef] = {}
 
     def read(self, pid: int) -> ProcessInfo | None:
         """None when the process is gone (its comm cannot be read); never raises."""
@@ -69,8 +73,16 @@ class ProcReader:
             comm=comm.rstrip("\n"),
             uid=uid,
             user=self._user(uid),
-            container=parse_cgroup(cgroup) if cgroup is not None else ContainerRef(),
+            container=self._container(cgroup) if cgroup is not None else ContainerRef(),
         )
+
+    def _container(self, cgroup: str) -> ContainerRef:
+        ref = self._cgroups.get(cgroup)
+        if ref is None:
+            if len(self._cgroups) >= _CGROUP_CACHE:
+                self._cgroups.clear()  # bounded: containers come and go
+            ref = self._cgroups[cgroup] = parse_cgroup(cgroup)
+        return ref
 
     def _user(self, uid: int | None) -> str:
         if uid is None:
