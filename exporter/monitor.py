@@ -34,7 +34,10 @@ _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 # A read whose caller gave it the whole --collect.timeout may have started a moment after
 # the caller did: it counts as hung this much early.
 _HUNG_SLACK = 0.05
-_FIRST_KUBELET_WAIT = 1.0  # seconds a refresh waits for the kubelet's first List, never after
+# A refresh that starts a kubelet List waits this long for it (a healthy kubelet answers in
+# milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s
+# shortest scrape deadline, so a hung kubelet cannot fail a concurrent scrape's GPU collector.
+_KUBELET_WAIT = 0.1
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -265,10 +268,11 @@ class ResourceMonitor:
         self.close()
 
     def start(self) -> None:
-        """Begin start-up probing and the first GPU read in the background. After start(),
-        a caller never waits for start-up: until the first read completes it gets host
-        values and the GPU collector unsuccessful (the CLI serves /metrics this way). Without
-        start(), the first caller waits for start-up up to its deadline."""
+        """Begin start-up probing, the first GPU read and the kubelet's first List in the
+        background. After start(), a caller never waits for start-up: until the first read
+        completes it gets host values and the GPU collector unsuccessful (the CLI serves
+        /metrics this way). Without start(), the first caller waits for start-up up to its
+        deadline."""
         self._started = True
         if self._reader is not None:
             self._reader.ensure(time.monotonic(), 0.0)
@@ -347,8 +351,7 @@ class ResourceMonitor:
         complete = True
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
-        # never waits for the kubelet but until its first answer (at most _FIRST_KUBELET_WAIT)
-        kube = self._kubelet.read(min(deadline - time.monotonic(), _FIRST_KUBELET_WAIT)) if self._kubelet else None
+        kube = self._kubelet.read(min(deadline - time.monotonic(), _KUBELET_WAIT)) if self._kubelet else None
         allocations = attribution.allocations(gpu, kube) if kube is not None else None
         snap = Snapshot(
             gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),

@@ -181,13 +181,18 @@ def test_kubernetes_collector_off(run_exporter, scenario, kubelet):
 def test_a_hung_kubelet_fails_no_other_collector_for_concurrent_scrapes(run_exporter, scenario, kubelet):
     """A scrape with a short deadline arriving while another one refreshes: the kubelet is
     never waited for, so neither gets its GPU collector failed."""
-    scenario.write(two_gpus(**{"gpu.0.delay_ms.nvmlDeviceGetMemoryInfo_v2": 300}))  # each refresh takes a while
+    scenario.write(two_gpus(**{"gpu.0.delay_ms.nvmlDeviceGetMemoryInfo_v2": 100}))  # each refresh takes a while
     kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0)]
+    kubelet.delay = 30.0  # hung from the start: no List ever answers
     kubelet.start()
     exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--collect.cache-ttl=0",
-                            "--kubernetes.cache-ttl=0")
-    assert exporter.scrape().value("resmon_collector_success", collector="kubernetes") == 1
-    kubelet.delay = 30.0
+                            "--kubernetes.cache-ttl=0", "--collect.timeout=10s")
+    for _ in range(3):
+        concurrent_scrapes(exporter)
+    assert kubelet.calls == 1  # started at start-up, still hanging: not asked again meanwhile
+
+
+def concurrent_scrapes(exporter) -> None:
     results: dict[str, object] = {}
 
     def scrape(name: str, headers: dict[str, str]) -> None:
@@ -206,3 +211,14 @@ def test_a_hung_kubelet_fails_no_other_collector_for_concurrent_scrapes(run_expo
         assert status == 200, name
         assert s.value("resmon_collector_success", collector="gpu") == 1, name
         assert s.value("resmon_gpu_up", gpu="0") == 1, name
+        assert s.value("resmon_collector_success", collector="kubernetes") == 0, name
+
+
+def test_the_first_list_starts_with_the_exporter(run_exporter, scenario, kubelet):
+    scenario.write(two_gpus())
+    kubelet.start()
+    run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}")
+    deadline = time.monotonic() + 10
+    while kubelet.calls == 0 and time.monotonic() < deadline:  # no scrape has been made
+        time.sleep(0.05)
+    assert kubelet.calls == 1

@@ -389,3 +389,20 @@ def test_a_user_name_that_is_not_utf8_is_the_uid(monkeypatch: pytest.MonkeyPatch
     info = ProcReader().read(os.getpid())
     assert info is not None and info.user == str(os.getuid())
     info.user.encode("utf-8")
+
+
+def test_the_cgroup_parse_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import exporter.procfs as procfs
+
+    monkeypatch.setattr(procfs, "_CGROUP_CACHE", 2)
+    me = os.getpid()
+    (tmp_path / str(me)).mkdir()
+    for name in ("comm", "status"):
+        (tmp_path / str(me) / name).symlink_to(f"/proc/{me}/{name}")
+    reader = ProcReader(str(tmp_path))
+    for i in range(5):
+        cid = f"{i:x}" * 64
+        (tmp_path / str(me) / "cgroup").write_text(f"0::/system.slice/docker-{cid[:64]}.scope\n")
+        info = reader.read(me)
+        assert info is not None and info.container.container_id == cid[:64]  # never a stale parse
+        assert len(reader._cgroups) <= 2

@@ -1,12 +1,16 @@
-"""The kubernetes collector's source: the kubelet's PodResources List, kept fresh in the
-background.
+"""The kubernetes collector's source: the kubelet's PodResources List, cached, fetched on a
+short-lived thread so that a scrape waits for the kubelet only briefly.
 
-A scrape never waits for the kubelet: it is served the latest completed List, and a List
-older than cache_ttl is asked for again on a short-lived thread (one at a time, bounded by
-its own timeout). So a slow, hung or refusing kubelet cannot hold up a refresh, nor the
-other callers waiting on it. Only until the first List completes does a refresh wait for
-it, briefly. A kubelet that timed out is asked again after 5 s, 10 s ... 60 s. Inactive
-(None) while the socket does not exist, so hosts without a kubelet see nothing.
+A read finds the latest List older than cache_ttl: it starts a new one (one at a time,
+bounded by its own timeout) and waits for it at most `wait` seconds. A kubelet that
+answers in time gives values at most one TTL old; a slower one is served its previous
+answer (its age is in the timestamp) while the new List completes in the background, so
+a hung kubelet costs each refresh at most `wait`, and only when a List starts. A kubelet
+that timed out is asked again after 5 s, 10 s ... 60 s.
+
+Inactive (None) while nothing is at the socket path. A socket that changes (the kubelet
+restarted: a new inode) or comes back starts afresh: no back-off inherited, and an answer
+still in flight from the old one is dropped.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .podresources import Allocation, PodResourcesError, list_allocations
 
 _FIRST_PAUSE = 5.0  # seconds before a timed-out kubelet is asked again; doubled each time
 _MAX_PAUSE = 60.0
+_DENIED = "denied"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +37,7 @@ class KubeletState:
     allocations: tuple[Allocation, ...]  # empty when the call failed
     success: bool
     duration_seconds: float
-    timestamp_seconds: float  # Unix time the List finished
+    timestamp_seconds: float | None  # Unix time the List finished; None: no List has
 
 
 class KubeletReader:
@@ -42,65 +47,86 @@ class KubeletReader:
         self._timeout = timeout
         self._log = log
         self._cond = threading.Condition()
+        self._socket: object = None  # what is at the path: None, _DENIED or (st_dev, st_ino, st_ctime_ns)
+        self._generation = 0  # bumped when that changes; an answer of an older one is dropped
         self._state: KubeletState | None = None
+        self._completed = 0  # Lists finished in this generation
         self._due = 0.0  # monotonic time from which the latest List is stale
         self._inflight = False
         self._timeouts = 0  # consecutive Lists that ran into their timeout
         self._failing = False
 
-    def _presence(self) -> str | None:
-        """None: a socket is there; else why there is none ("" = nothing at that path)."""
+    def _identity(self) -> object:
         try:
-            mode = os.stat(self._path).st_mode
+            st = os.stat(self._path)
         except PermissionError:
-            return f"permission denied looking up {self._path} (the kubelet's directories are root's: run as uid 0)"
+            return _DENIED
         except (OSError, ValueError):
-            return ""
-        return None if stat.S_ISSOCK(mode) else ""
+            return None
+        # the change time too: a freed inode number is soon reused by the next socket
+        return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
 
     def read(self, wait: float) -> KubeletState | None:
-        """The latest completed List; a new one is started when it is stale. wait: how long
-        this caller may wait, used only while no List has completed yet. None: inactive."""
-        problem = self._presence()
-        if problem == "":
-            with self._cond:
-                self._state = None  # gone: a kubelet that comes back starts afresh
-                self._due = 0.0
-            return None
-        if problem is not None:
-            self._finish(KubeletState((), False, 0.0, time.time()), problem, timed_out=False)
-            return self._state
+        """The latest completed List, a new one started when it is stale and waited for at
+        most `wait` seconds. None: nothing at the socket path (the collector is inactive)."""
+        identity = self._identity()
         with self._cond:
+            if identity != self._socket:
+                self._socket = identity
+                self._generation += 1
+                self._state, self._completed, self._due = None, 0, 0.0
+                self._inflight, self._timeouts = False, 0
+            if identity is None:
+                return None
+            if identity == _DENIED:
+                state = KubeletState((), False, 0.0, None)
+                error = f"permission denied looking up {self._path} (the kubelet's directories are root's: run as uid 0)"
+                self._record(state, error)
+                return state
+            target = self._completed + 1
             if not self._inflight and time.monotonic() >= self._due:
-                self._inflight = True
-                threading.Thread(target=self._list, name="resmon-kubelet", daemon=True).start()
-            if self._state is None and wait > 0:
-                self._cond.wait_for(lambda: self._state is not None, wait)
-            if self._state is None:  # the first List has not answered within this caller's wait
-                return KubeletState((), False, 0.0, time.time())
-            return self._state
+                self._start()
+            if self._inflight and wait > 0:
+                self._cond.wait_for(lambda: self._completed >= target or not self._inflight, wait)
+            return self._state or KubeletState((), False, 0.0, None)
 
-    def _list(self) -> None:
+    def _start(self) -> None:
+        generation = self._generation
+        thread = threading.Thread(target=self._list, args=(generation,), name="resmon-kubelet", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as err:  # no thread left (RLIMIT_NPROC): a failed List, tried again after the TTL
+            self._due = time.monotonic() + self._ttl
+            self._record(KubeletState((), False, 0.0, time.time()), f"cannot start a thread for the List: {err}")
+            return
+        self._inflight = True
+
+    def _list(self, generation: int) -> None:
         started = time.perf_counter()
+        timed_out = False
         try:
             allocations = list_allocations(self._path, self._timeout)
+            state, error = KubeletState(allocations, True, time.perf_counter() - started, time.time()), ""
         except PodResourcesError as err:
-            state = KubeletState((), False, time.perf_counter() - started, time.time())
-            self._finish(state, str(err), timed_out="DEADLINE_EXCEEDED" in str(err))
-        except Exception as err:  # list_allocations raises only PodResourcesError; a thread must not die loudly
-            self._finish(KubeletState((), False, time.perf_counter() - started, time.time()), repr(err), timed_out=False)
-        else:
-            self._finish(KubeletState(allocations, True, time.perf_counter() - started, time.time()), "", timed_out=False)
-
-    def _finish(self, state: KubeletState, error: str, timed_out: bool) -> None:
+            timed_out = "DEADLINE_EXCEEDED" in str(err)
+            state, error = KubeletState((), False, time.perf_counter() - started, time.time()), str(err)
+        except Exception as err:  # list_allocations raises only PodResourcesError; this thread must not die loudly
+            state, error = KubeletState((), False, time.perf_counter() - started, time.time()), repr(err)
         with self._cond:
+            if generation != self._generation:
+                return  # the socket changed meanwhile: this answer is the old kubelet's
             self._inflight = False
-            self._state = state
+            self._completed += 1
             self._timeouts = self._timeouts + 1 if timed_out else 0
             pause = min(_FIRST_PAUSE * 2 ** (self._timeouts - 1), _MAX_PAUSE) if timed_out else 0.0
             self._due = time.monotonic() + max(self._ttl, pause)
-            was_failing, self._failing = self._failing, not state.success
+            self._record(state, error)
             self._cond.notify_all()
+
+    def _record(self, state: KubeletState, error: str) -> None:
+        """Called with the lock held: the new state, logged when failing starts or ends."""
+        self._state = state
+        was_failing, self._failing = self._failing, not state.success
         if state.success and was_failing:
             self._log.info("kubelet PodResources List answering again", extra=fields(socket=self._path))
         elif not state.success and not was_failing:

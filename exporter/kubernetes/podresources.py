@@ -188,6 +188,8 @@ def list_allocations(socket_path: str, timeout: float) -> tuple[Allocation, ...]
     PodResourcesError only.
     """
     grpc = _import_grpc()
+    if "," in socket_path:  # gRPC reads a unix target with a comma as a list of addresses
+        raise PodResourcesError(f"cannot connect to {socket_path}: gRPC takes a comma for an address separator")
     if not os.path.exists(socket_path):
         raise PodResourcesError(f"no kubelet socket at {socket_path} (UNAVAILABLE)")
     try:
