@@ -5,8 +5,8 @@ A read finds the latest List older than cache_ttl: it starts a new one (one at a
 bounded by its own timeout) and waits for it at most `wait` seconds. A kubelet that
 answers in time gives values at most one TTL old; a slower one is served its previous
 answer (its age is in the timestamp) while the new List completes in the background, so
-a hung kubelet costs each refresh at most `wait`, and only when a List starts. A kubelet
-that timed out is asked again after 5 s, 10 s ... 60 s.
+a hung kubelet costs a refresh at most `wait` while its List is in flight, and nothing
+during the back-off: a kubelet that timed out is asked again after 5 s, 10 s ... 60 s.
 
 Inactive (None) while nothing is at the socket path. A socket that changes (the kubelet
 restarted: a new inode) or comes back starts afresh: no back-off inherited, and an answer
