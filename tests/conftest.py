@@ -119,3 +119,32 @@ def log(request: pytest.FixtureRequest) -> tuple[logging.Logger, Records]:
     records = Records()
     logger.handlers[:] = [records]
     return logger, records
+
+
+@pytest.fixture
+def workloads() -> Iterator[Any]:
+    """Real child processes with chosen names (tests/workloads.py), killed at the end."""
+    import tempfile
+
+    from workloads import Workloads
+
+    root = Path(tempfile.mkdtemp(prefix="resmon-wl-"))  # not tmp_path: another uid must be able to run them
+    w = Workloads(root)
+    yield w
+    w.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet() -> Iterator[Any]:
+    """A real gRPC kubelet (tests/fake_kubelet.py) at a short socket path, not yet started;
+    stopped at the end."""
+    import os
+
+    from fake_kubelet import FakeKubelet, short_socket_dir
+
+    directory = short_socket_dir()
+    k = FakeKubelet(os.path.join(directory, "kubelet.sock"))
+    yield k
+    k.stop()
+    shutil.rmtree(directory, ignore_errors=True)

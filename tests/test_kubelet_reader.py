@@ -6,35 +6,21 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
-from typing import Iterator
 
 import grpc
-import pytest
 
 from exporter.kubernetes import kubelet as kubelet_module
 from exporter.kubernetes.kubelet import KubeletReader
-from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fake_kubelet import Container, Device, FakeKubelet, Pod
 
 PODS = [Pod("ns", "p", [Container("c", [Device("nvidia.com/gpu", ["GPU-1"])])])]
 NEW = [Pod("ns", "q", [Container("c", [Device("nvidia.com/gpu", ["GPU-2"])])])]
 
 
-@pytest.fixture
-def directory() -> Iterator[str]:
-    d = short_socket_dir()
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def kubelet(directory: str) -> Iterator[FakeKubelet]:
-    k = FakeKubelet(os.path.join(directory, "kubelet.sock"))
-    k.pods = PODS
-    yield k
-    k.stop()
 
 
 def ids(state) -> list[str]:
@@ -49,6 +35,7 @@ def until(predicate, timeout: float = 5.0) -> None:
 
 
 def test_cached_for_the_ttl_and_fresh_after_it(kubelet, log):
+    kubelet.pods = PODS
     kubelet.start()
     reader = KubeletReader(kubelet.socket_path, 0.5, 2.0, log[0])
     first = reader.read(2.0)

@@ -4,43 +4,25 @@ socket (tests/fake_kubelet.py, a server generated from the upstream api.proto)."
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
-from pathlib import Path
-from typing import Iterator
 
 import grpc
 import pytest
 
-from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fake_kubelet import Container, Device, Pod
 from fakenvml import GIB, Scrape
 from scenarios import board_uuid
-from workloads import CID, CID2, CID3, UID, UID2, Workloads, container_logs, pod_logs, procfs_tree, systemd_containerd
+from workloads import CID, CID2, CID3, UID, UID2, container_logs, pod_logs, procfs_tree, systemd_containerd
 
 INFO = "resmon_gpu_allocation_info"
 G0, G1 = board_uuid("hopper", 0), board_uuid("hopper", 1)
 MIG_A, MIG_B = "MIG-0a1b2c3d-0000-4000-8000-00000000000a", "MIG-0a1b2c3d-0000-4000-8000-00000000000b"
 
 
-@pytest.fixture
-def kubelet() -> Iterator[FakeKubelet]:
-    directory = short_socket_dir()
-    k = FakeKubelet(os.path.join(directory, "kubelet.sock"))
-    yield k
-    k.stop()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture
-def workloads() -> Iterator[Workloads]:
-    root = Path(tempfile.mkdtemp(prefix="resmon-wl-"))
-    w = Workloads(root)
-    yield w
-    w.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def two_gpus(**extra: object) -> dict[str, object]:

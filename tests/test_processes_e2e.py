@@ -8,10 +8,8 @@ import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -24,13 +22,6 @@ UTIL = "resmon_gpu_process_utilization_ratio"
 ROOT = os.geteuid() == 0
 
 
-@pytest.fixture
-def workloads() -> Iterator[Workloads]:
-    root = Path(tempfile.mkdtemp(prefix="resmon-wl-"))
-    w = Workloads(root)
-    yield w
-    w.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def one_gpu(**keys: object) -> dict[str, object]:
