@@ -85,16 +85,14 @@ def _listen_address(text: str) -> str:
     return text
 
 
-def _non_negative_int(text: str) -> int:
-    if not text.strip().isdecimal() or not text.strip().isascii():
-        raise ValueError(f"invalid number {text!r}: want a whole number, 0 or more")
-    return int(text)
+def _whole_number(minimum: int) -> Callable[[str], int]:
+    def check(text: str) -> int:
+        digits = text.strip()
+        if not digits.isdecimal() or not digits.isascii() or int(digits) < minimum:
+            raise ValueError(f"invalid number {text!r}: want a whole number, {minimum} or more")
+        return int(digits)
 
-
-def _positive_int(text: str) -> int:
-    if not text.strip().isdecimal() or not text.strip().isascii() or int(text) < 1:
-        raise ValueError(f"invalid number {text!r}: want a whole number, 1 or more")
-    return int(text)
+    return check
 
 
 def _socket_path(text: str) -> str:
@@ -143,7 +141,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("web.listen-address", ":9636", _listen_address, "Address to listen on, host:port (':9636' = all interfaces)."),
     Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
     Flag("web.config.file", "", str, "exporter-toolkit web config (TLS, basic auth, headers); empty = plain HTTP."),
-    Flag("web.max-requests", 40, lambda t: _non_negative_int(t), "Most scrapes served at once; 503 beyond (0 = no limit)."),
+    Flag("web.max-requests", 40, _whole_number(0), "Most scrapes served at once; 503 beyond (0 = no limit)."),
     Flag("web.read-header-timeout", 10.0, _duration(_HOUR, positive=True), "Time a client has to send a request head."),
     Flag("web.idle-timeout", 120.0, _duration(_HOUR, positive=True), "Close kept-alive connections idle this long."),
     Flag("web.timeout-offset", 0.5, _duration(60.0), "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
@@ -156,7 +154,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.nvlink", True, _bool, "Enable the NVLink collector (inactive on GPUs without links).", boolean=True),
     Flag("collector.processes", False, _bool, "Enable per-process GPU memory and utilization (process names and users become visible to scrapers).", boolean=True),
     Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
-    Flag("collector.processes.max-per-gpu", 64, _positive_int, "Most process series per GPU and family, the largest by memory."),
+    Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
     Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
     Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", _socket_path, "The kubelet's PodResources API socket."),

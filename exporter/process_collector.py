@@ -28,35 +28,28 @@ FAMILIES: dict[str, str] = {**PROCESSES, **KUBERNETES}
 _Row = tuple[dict[str, str], int | None, dict[str, float]]  # labels, memory bytes, engine -> ratio
 
 
-def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> dict[str, list[_Row]]:
-    """By GPU uuid-and-index key, the rows to serve, before the per-GPU limit."""
-    per_gpu: dict[str, list[_Row]] = {}
-    merged: dict[tuple[str, ...], _Row] = {}
+def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> list[list[_Row]]:
+    """The rows to serve, one list per GPU, before the per-GPU limit. Rows with the same
+    labels (a container's processes, with group-by=container) are summed."""
+    per_gpu: dict[tuple[int, str], dict[tuple[str, ...], _Row]] = {}
     for p in processes:
-        gpu_key = f"{p.gpu}/{p.uuid}"
         labels = {"gpu": str(p.gpu), "uuid": p.uuid}
         if group_by == "process":
             labels.update(pid=str(p.pid), process=p.process, user=p.user)
         labels.update(container_id=p.container_id, pod_uid=p.pod_uid, namespace=p.namespace, pod=p.pod, container=p.container)
-        util = dict(p.utilization)
-        if group_by == "process":
-            per_gpu.setdefault(gpu_key, []).append((labels, p.memory_bytes, util))
-            continue
+        rows = per_gpu.setdefault((p.gpu, p.uuid), {})
         key = tuple(labels.values())
-        known = merged.get(key)
+        known = rows.get(key)
         if known is None:
-            merged[key] = (labels, p.memory_bytes, util)
-            per_gpu.setdefault(gpu_key, [])
+            rows[key] = (labels, p.memory_bytes, dict(p.utilization))
             continue
         _, memory, ratios = known
         if p.memory_bytes is not None:
             memory = p.memory_bytes + (memory or 0)
-        for engine, ratio in util.items():
+        for engine, ratio in p.utilization:
             ratios[engine] = min(1.0, ratios.get(engine, 0.0) + ratio)  # processes of one container share the engine
-        merged[key] = (labels, memory, ratios)
-    for labels, memory, ratios in merged.values():
-        per_gpu[f"{labels['gpu']}/{labels['uuid']}"].append((labels, memory, ratios))
-    return per_gpu
+        rows[key] = (labels, memory, ratios)
+    return [list(rows.values()) for rows in per_gpu.values()]
 
 
 def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str, max_per_gpu: int) -> Iterator[Metric]:
@@ -73,7 +66,7 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
         "Mean utilization of the GPU engine by the process (or container) since the previous refresh (0-1).",
         labels=GPU_LABELS + extra + ["engine"],
     )
-    for rows in _rows(processes, group_by).values():
+    for rows in _rows(processes, group_by):
         rows.sort(key=lambda r: (-(r[1] if r[1] is not None else -1), tuple(r[0].values())))
         for labels, used, ratios in rows[:max_per_gpu]:
             if used is not None:

@@ -681,8 +681,10 @@ class NvmlBackend:
         the previous refresh (a listed process without new samples was idle: 0). None where
         the GPU does not report it (MIG on). The newest timestamp is passed back, so a sample
         is counted once; samples of processes no longer listed are dropped."""
-        if self._process_util is None or not pids:
-            return None if self._process_util is None else {}
+        if self._process_util is None:
+            return None
+        if not pids:
+            return {}
         seen = self._process_seen.get(key, 0)
         try:
             answer = self._health.ask(key, "process_utilization", nvml_errors.newer, self._process_util, handle, seen, part="processes")
