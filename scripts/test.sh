@@ -34,6 +34,10 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v readelf >/dev/null 2>&1 || missing+=(binutils)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+if ! command -v kubectl >/dev/null 2>&1; then
+  [ "$ci" = 1 ] && die "kubectl >= 1.21 (kustomize Components) missing: tests/test_kubernetes_manifests.py needs it"
+  echo "note: kubectl missing; the manifest tests are skipped" >&2
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,561 @@
+"""deploy/kubernetes, validated offline (no cluster here): every overlay (and the combinations
+docs/kubernetes.md promises) is built with the real `kubectl kustomize`, every built object is
+checked against Kubernetes' own schemas (kubernetes-validate, strict) for the oldest and newest
+Kubernetes we support, the Prometheus Operator objects against its CRD models (cloudcoil,
+made strict about unknown fields here), the PrometheusRule's rules with promtool, and the
+generated objects against their sources (deploy/kubernetes/generate.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from cloudcoil.models.prometheus_operator import v1 as promop
+from pydantic import ValidationError as PydanticValidationError
+
+from exporter.cli import FLAGS, parse_config
+from exporter.version import __version__
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "deploy" / "kubernetes"
+RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"
+DASHBOARDS = REPO / "dashboards"
+DOCS = REPO / "docs" / "kubernetes.md"
+
+# Oldest: the PodResources v1 API the kubernetes collector uses went GA in 1.28. Newest: the
+# newest schemas kubernetes-validate ships (1.37.0). Strings as kubernetes_validate takes them.
+K8S_VERSIONS = ("1.28.0", "1.37.0")
+
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").is_file())
+# combinations a user may build (docs/kubernetes.md); amd excludes nvidia-runtime-class, and
+# non-root excludes what needs the host (process-attribution, privileged)
+COMBINATIONS = {
+    "all-nvidia": ("prometheus-operator", "grafana", "process-attribution", "privileged", "nvidia-runtime-class"),
+    "all-amd": ("prometheus-operator", "grafana", "process-attribution", "privileged", "amd"),
+    "restricted": ("prometheus-operator", "grafana", "non-root"),
+}
+# what each build is made of: overlays/<component> is the base plus that component
+MADE_OF: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in COMPONENTS},
+    "kube-prometheus-stack": ("prometheus-operator", "grafana"),
+    **COMBINATIONS,
+}
+BUILDS = OVERLAYS + sorted(COMBINATIONS)
+NVIDIA_BUILDS = [b for b in BUILDS if "amd" not in MADE_OF[b]]
+VERSIONED_KUBECTL = Path("/usr/lib/google-cloud-sdk/bin")
+
+
+# -- building ------------------------------------------------------------------------------
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        # a skip, which CI=true turns into a failure (tests/ci_policy.py)
+        pytest.skip("kubectl missing (any kubectl >= 1.21: kustomize Components)")
+    return path
+
+
+def oldest_versioned_kubectl() -> str | None:
+    """The oldest kubectl.1.N beside the google-cloud-sdk's kubectl (1.27: kustomize v5.0.1);
+    machines without that SDK test the default kubectl only."""
+    found = []
+    for path in VERSIONED_KUBECTL.glob("kubectl.1.*"):
+        match = re.fullmatch(r"kubectl\.1\.(\d+)", path.name)
+        if match:
+            found.append((int(match.group(1)), str(path)))
+    return min(found)[1] if found else None
+
+
+def kustomize(binary: str, directory: Path) -> list[dict[str, Any]]:
+    done = subprocess.run([binary, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, f"{binary} kustomize {directory} failed:\n{done.stderr}"
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
+
+
+def user_tree(tmp: Path) -> Path:
+    """A directory laid out like deploy/kubernetes (base and components linked in), so a
+    user's kustomization at overlays/<x>/ can be built outside the repo."""
+    for name in ("base", "components"):
+        (tmp / name).symlink_to(K8S / name, target_is_directory=True)
+    (tmp / "overlays").mkdir()
+    return tmp / "overlays"
+
+
+def write_kustomization(directory: Path, text: str) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "kustomization.yaml").write_text(text)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def build_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    overlays = user_tree(tmp_path_factory.mktemp("combinations"))
+    dirs = {name: K8S / "overlays" / name for name in OVERLAYS}
+    for name, components in COMBINATIONS.items():
+        body = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": ["../../base"],
+            "components": [f"../../components/{c}" for c in components],
+        }
+        dirs[name] = write_kustomization(overlays / name, yaml.safe_dump(body))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def built(build_dirs: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
+    binary = kubectl()
+    return {name: kustomize(binary, path) for name, path in build_dirs.items()}
+
+
+def objects(built: dict[str, list[dict[str, Any]]], build: str, kind: str) -> list[dict[str, Any]]:
+    return [o for o in built[build] if o["kind"] == kind]
+
+
+def one(built: dict[str, list[dict[str, Any]]], build: str, kind: str) -> dict[str, Any]:
+    found = objects(built, build, kind)
+    assert len(found) == 1, f"{build}: {len(found)} {kind} objects"
+    return found[0]
+
+
+def pod_spec(built: dict[str, list[dict[str, Any]]], build: str) -> dict[str, Any]:
+    return one(built, build, "DaemonSet")["spec"]["template"]["spec"]
+
+
+def container(built: dict[str, list[dict[str, Any]]], build: str) -> dict[str, Any]:
+    containers = pod_spec(built, build)["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def test_every_component_has_an_overlay_and_every_overlay_is_accounted_for() -> None:
+    assert COMPONENTS, "no components found"
+    assert set(COMPONENTS) <= set(OVERLAYS), "overlays/<name> missing for a component"
+    assert set(OVERLAYS) == set(MADE_OF) - set(COMBINATIONS)
+    for name in COMPONENTS:
+        text = (K8S / "overlays" / name / "kustomization.yaml").read_text()
+        assert yaml.safe_load(text)["components"] == [f"../../components/{name}"]
+        component = yaml.safe_load((K8S / "components" / name / "kustomization.yaml").read_text())
+        assert (component["apiVersion"], component["kind"]) == ("kustomize.config.k8s.io/v1alpha1", "Component")
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_builds(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    kinds = sorted(o["kind"] for o in built[build])
+    expected = ["DaemonSet", "Service", "ServiceAccount"]
+    if "prometheus-operator" in MADE_OF[build]:
+        expected += ["PrometheusRule", "ServiceMonitor"]
+    if "grafana" in MADE_OF[build]:
+        expected += ["ConfigMap"] * len(list(DASHBOARDS.glob("*.json")))
+    assert kinds == sorted(expected)
+
+
+OLDEST_KUBECTL = oldest_versioned_kubectl()
+# Defined only where the SDK's versioned kubectls exist: elsewhere only the default kubectl is
+# tested, deliberately (a skip would fail CI=true runs on machines that never had them).
+if OLDEST_KUBECTL is not None:
+
+    def test_the_oldest_kubectl_builds_the_same(build_dirs: dict[str, Path], built: dict[str, list[dict[str, Any]]]) -> None:
+        assert OLDEST_KUBECTL is not None
+        for name, path in build_dirs.items():
+            assert kustomize(OLDEST_KUBECTL, path) == built[name], f"{OLDEST_KUBECTL} builds {name} differently"
+
+
+# -- Kubernetes schemas ----------------------------------------------------------------------
+def core_objects(built: dict[str, list[dict[str, Any]]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for build, docs in built.items():
+        for doc in docs:
+            if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                yield build, doc
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_object_is_valid_kubernetes(built: dict[str, list[dict[str, Any]]], version: str) -> None:
+    checked = 0
+    for build, doc in core_objects(built):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{build}: {doc['kind']} {doc['metadata']['name']} invalid for {version}: {exc}")
+        checked += 1
+    assert checked >= 3 * len(built)
+
+
+def built_daemonset(built: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return copy.deepcopy(one(built, "prometheus-operator", "DaemonSet"))
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_validation_can_fail(built: dict[str, list[dict[str, Any]]], version: str) -> None:
+    kubernetes_validate.validate(built_daemonset(built), version, strict=True)  # the control
+    string_port = built_daemonset(built)
+    string_port["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "9636"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(string_port, version, strict=True)
+    unknown = built_daemonset(built)
+    unknown["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFS"] = True
+    kubernetes_validate.validate(unknown, version, strict=False)  # only strict catches typos
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(unknown, version, strict=True)
+
+
+# -- Prometheus Operator schemas -------------------------------------------------------------
+CR_MODELS = {"ServiceMonitor": promop.ServiceMonitor, "PodMonitor": promop.PodMonitor, "PrometheusRule": promop.PrometheusRule}
+
+
+def _closed(schema: Any) -> Any:
+    """The schema with additionalProperties false wherever an object lists its properties:
+    the models ignore unknown fields, the Operator's CRDs (structural schemas) drop them."""
+    if isinstance(schema, dict):
+        out = {key: _closed(value) for key, value in schema.items()}
+        if "properties" in out and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_closed(item) for item in schema]
+    return schema
+
+
+STRICT_CR_SCHEMAS = {kind: _closed(model.model_json_schema(by_alias=True)) for kind, model in CR_MODELS.items()}
+
+
+def validate_cr(doc: dict[str, Any]) -> None:
+    kind = doc["kind"]
+    assert kind in CR_MODELS, f"no schema for {doc['apiVersion']} {kind}"
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    CR_MODELS[kind].model_validate(doc)  # types, enums, patterns
+    jsonschema.Draft202012Validator(STRICT_CR_SCHEMAS[kind]).validate(doc)  # and no unknown field
+
+
+def test_every_prometheus_operator_object_is_valid(built: dict[str, list[dict[str, Any]]]) -> None:
+    checked = 0
+    for build, docs in built.items():
+        for doc in docs:
+            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                validate_cr(doc)
+                checked += 1
+    assert checked == 2 * sum("prometheus-operator" in MADE_OF[b] for b in built)
+
+
+def test_prometheus_operator_validation_can_fail(built: dict[str, list[dict[str, Any]]]) -> None:
+    monitor = one(built, "prometheus-operator", "ServiceMonitor")
+    rule = one(built, "prometheus-operator", "PrometheusRule")
+    validate_cr(monitor)
+    typo = copy.deepcopy(monitor)
+    typo["spec"]["endpoints"][0]["honorLabel"] = typo["spec"]["endpoints"][0].pop("honorLabels")
+    promop.ServiceMonitor.model_validate(typo)  # the model alone lets it through
+    with pytest.raises(jsonschema.ValidationError, match="honorLabel"):
+        validate_cr(typo)
+    number = copy.deepcopy(monitor)
+    number["spec"]["endpoints"][0]["interval"] = 15
+    with pytest.raises(PydanticValidationError, match="interval"):
+        validate_cr(number)
+    bad_rule = copy.deepcopy(rule)
+    bad_rule["spec"]["groups"][0]["rules"][0]["expresion"] = bad_rule["spec"]["groups"][0]["rules"][0].pop("expr")
+    with pytest.raises((PydanticValidationError, jsonschema.ValidationError)):
+        validate_cr(bad_rule)
+
+
+def test_promtool_accepts_the_prometheusrule(built: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool missing: scripts/test.sh installs Debian's prometheus")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump(one(built, "prometheus-operator", "PrometheusRule")["spec"], sort_keys=False))
+    done = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"SUCCESS: \d+ rules found", done.stdout + done.stderr)
+
+
+# -- one source of truth: generated objects equal their sources ------------------------------
+def load_generator() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k8s_generate", K8S / "generate.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_generated_files_are_up_to_date(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(K8S / "generate.py"), "--out", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    generator = load_generator()
+    for rel in (generator.RULE_OUT, generator.DASHBOARD_OUT):
+        fresh = (tmp_path / rel).read_bytes()
+        committed = (K8S / rel).read_bytes()
+        assert fresh == committed, f"deploy/kubernetes/{rel} is stale: run `python deploy/kubernetes/generate.py`"
+        assert committed.startswith(b"# generated by deploy/kubernetes/generate.py from ")
+
+
+def test_the_prometheusrule_holds_the_rules_file(built: dict[str, list[dict[str, Any]]]) -> None:
+    source = yaml.safe_load(RULES.read_text())["groups"]
+    for build in BUILDS:
+        if "prometheus-operator" in MADE_OF[build]:
+            assert one(built, build, "PrometheusRule")["spec"] == {"groups": source}
+
+
+def test_one_dashboard_configmap_per_dashboard_with_its_json(built: dict[str, list[dict[str, Any]]]) -> None:
+    sources = {p.name: p.read_text() for p in sorted(DASHBOARDS.glob("*.json"))}
+    assert len(sources) >= 2
+    for build in BUILDS:
+        if "grafana" not in MADE_OF[build]:
+            continue
+        maps = objects(built, build, "ConfigMap")
+        files = {key: value for cm in maps for key, value in cm["data"].items()}
+        assert all(len(cm["data"]) == 1 for cm in maps)
+        assert set(files) == set(sources), "a dashboard without its ConfigMap, or a stale one"
+        for name, text in files.items():
+            assert text == sources[name], f"{name}: the ConfigMap's JSON is not dashboards/{name}"
+            assert json.loads(text) == json.loads(sources[name])
+        for cm in maps:
+            assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+            assert len(json.dumps(cm)) < 256 * 1024  # client-side apply's annotation limit
+
+
+# -- content: what the reference sheets and docs/kubernetes.md promise ----------------------
+def config(built: dict[str, list[dict[str, Any]]], build: str) -> Any:
+    """The exporter's configuration from the container's args, parsed by the exporter's own
+    parser: a flag the CLI lacks, or a bad value, fails here."""
+    ctr = container(built, build)
+    assert "command" not in ctr, "the image's entrypoint is the exporter"
+    env = {e["name"]: e["value"] for e in ctr.get("env", []) if "value" in e}
+    cfg, warnings = parse_config(ctr["args"], {k: v for k, v in env.items() if k.startswith("RESMON_")})
+    assert warnings == []
+    return cfg
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_every_flag_exists_in_the_cli(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    names = {f.name for f in FLAGS} | {f"no-{f.name}" for f in FLAGS if f.boolean}
+    for arg in container(built, build)["args"]:
+        assert arg.startswith("--") and arg[2:].split("=", 1)[0] in names, f"{build}: {arg} is not a flag of exporter.cli"
+    cfg = config(built, build)
+    assert cfg.web_listen_address == ":9636"
+
+
+def mounts(built: dict[str, list[dict[str, Any]]], build: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """mountPath -> (volumeMount, volume)."""
+    volumes = {v["name"]: v for v in pod_spec(built, build).get("volumes", [])}
+    return {m["mountPath"]: (m, volumes[m["name"]]) for m in container(built, build).get("volumeMounts", [])}
+
+
+def host_mount_of(built: dict[str, list[dict[str, Any]]], build: str, path: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The mount holding path (a file or directory in the container)."""
+    for mount_path, (mount, volume) in mounts(built, build).items():
+        if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+            return mount_path, mount, volume
+    pytest.fail(f"{build}: nothing is mounted at {path}")
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_no_gpu_is_requested(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    spec = pod_spec(built, build)
+    for ctr in spec["containers"] + spec.get("initContainers", []):
+        resources = ctr.get("resources", {})
+        for section in ("requests", "limits"):
+            for name in resources.get(section, {}):
+                assert not name.startswith(("nvidia.com/", "amd.com/")), f"{build}: {ctr['name']} {section} {name}"
+        assert "claims" not in resources  # nor a DRA claim
+    assert "resourceClaims" not in spec
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_resources(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    resources = container(built, build)["resources"]
+    assert resources == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}  # no CPU limit
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_pod_resources_directory_is_mounted_read_only(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    cfg = config(built, build)
+    if "non-root" in MADE_OF[build]:
+        assert cfg.collector_kubernetes is False  # uid 10001 cannot connect: off, and no mount
+        assert all(v.get("hostPath") is None for _, v in mounts(built, build).values())
+        assert all("hostPath" not in v for v in pod_spec(built, build)["volumes"])
+        return
+    assert cfg.collector_kubernetes is True
+    socket = cfg.kubernetes_pod_resources_socket
+    mount_path, mount, volume = host_mount_of(built, build, socket)
+    assert mount_path == str(Path(socket).parent), "mount the socket's directory, not the socket"
+    assert mount["readOnly"] is True
+    assert volume["hostPath"] == {"path": mount_path, "type": "Directory"}
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_security_context(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    pod = pod_spec(built, build)["securityContext"]
+    ctr = container(built, build)["securityContext"]
+    made_of = MADE_OF[build]
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert ctr["readOnlyRootFilesystem"] is True
+    if "non-root" in made_of:
+        assert (pod["runAsUser"], pod["runAsGroup"], pod["runAsNonRoot"]) == (10001, 10001, True)
+    else:
+        assert (pod["runAsUser"], pod["runAsGroup"], pod["runAsNonRoot"]) == (0, 0, False)
+    if "privileged" in made_of:
+        assert ctr["privileged"] is True and ctr["allowPrivilegeEscalation"] is True and "capabilities" not in ctr
+    else:
+        assert "privileged" not in ctr
+        assert ctr["allowPrivilegeEscalation"] is False
+        assert ctr["capabilities"] == {"drop": ["ALL"]}
+    assert pod_spec(built, build)["automountServiceAccountToken"] is False
+    assert one(built, build, "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_scheduling_and_environment(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    daemonset = one(built, build, "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert spec["priorityClassName"] == "system-node-critical"
+    env = {e["name"]: e for e in container(built, build)["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    keys = {e["key"]: e["values"] for term in terms for e in term["matchExpressions"]}
+    tolerations = spec["tolerations"]
+    if "amd" in MADE_OF[build]:
+        assert keys == {"feature.node.kubernetes.io/pci-1002.present": ["true"]}
+        assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        assert not any(name.startswith("NVIDIA_") for name in env)
+        assert "runtimeClassName" not in spec
+    else:
+        assert keys["feature.node.kubernetes.io/pci-10de.present"] == ["true"]
+        assert keys["nvidia.com/gpu.present"] == ["true"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+        assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    if "nvidia-runtime-class" in MADE_OF[build]:
+        assert spec["runtimeClassName"] == "nvidia"
+    else:
+        assert "runtimeClassName" not in spec  # not every cluster has the class
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_probes_and_port(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    ctr = container(built, build)
+    assert ctr["ports"] == [{"name": "metrics", "containerPort": 9636, "protocol": "TCP"}]
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": "metrics"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": "metrics"}
+    assert config(built, build).web_telemetry_path == "/metrics"
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_process_attribution(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    spec = pod_spec(built, build)
+    cfg = config(built, build)
+    if "process-attribution" not in MADE_OF[build]:
+        assert "hostPID" not in spec and cfg.collector_processes is False  # opt-in only
+        return
+    assert spec["hostPID"] is True
+    assert cfg.collector_processes is True
+    # each directory the exporter reads is the host's, mounted read-only where the flag points
+    for path, host in (
+        (cfg.path_procfs, "/proc"),
+        (cfg.kubernetes_pod_logs_dir, "/var/log/pods"),
+        (cfg.kubernetes_container_logs_dir, "/var/log/containers"),
+    ):
+        mount_path, mount, volume = host_mount_of(built, build, path)
+        assert mount_path == path != host  # under /host, not over the container's own
+        assert mount["readOnly"] is True
+        assert volume["hostPath"] == {"path": host, "type": "Directory"}
+    # the base's args and mounts are kept, not replaced
+    assert cfg.kubernetes_pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert "/tmp" in mounts(built, build)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_service_and_selectors(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    daemonset = one(built, build, "DaemonSet")
+    service = one(built, build, "Service")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    selector = daemonset["spec"]["selector"]["matchLabels"]
+    assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance"}  # never the version
+    assert selector.items() <= pod_labels.items()
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == selector
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9636, "targetPort": "metrics", "protocol": "TCP"}]
+    assert pod_spec(built, build)["serviceAccountName"] == one(built, build, "ServiceAccount")["metadata"]["name"]
+
+
+def test_the_job_name_matches_the_shipped_alerts(built: dict[str, list[dict[str, Any]]]) -> None:
+    # a ServiceMonitor's job label is the Service's name; ResmonExporterDown/Absent select job=~"..."
+    patterns = set(re.findall(r'up\{job=~"([^"]+)"\}', RULES.read_text()))
+    assert patterns
+    for pattern in patterns:
+        assert re.fullmatch(pattern, one(built, "prometheus-operator", "Service")["metadata"]["name"])
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if "prometheus-operator" in MADE_OF[b]])
+def test_servicemonitor(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    monitor = one(built, build, "ServiceMonitor")
+    rule = one(built, build, "PrometheusRule")
+    service = one(built, build, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["honorLabels"] is True
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in endpoint["relabelings"]
+    assert "namespaceSelector" not in monitor["spec"]  # the ServiceMonitor's own namespace
+    assert not objects(built, build, "PodMonitor")  # one or the other, never both (double scrapes)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_labels_and_image_follow_the_version(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    for doc in built[build]:
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "resmon-exporter"
+        assert labels["app.kubernetes.io/version"] == __version__, f"{doc['kind']}: version label"
+    assert one(built, build, "DaemonSet")["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
+    assert container(built, build)["image"] == f"ghcr.io/resmon-exporter/resmon-exporter:{__version__}"
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_namespace(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    namespaces = {doc["metadata"].get("namespace") for doc in built[build]}
+    assert namespaces == ({"monitoring"} if build == "kube-prometheus-stack" else {None})  # the base sets none
+
+
+# -- the kustomizations docs/kubernetes.md shows ---------------------------------------------
+def doc_snippets() -> dict[str, str]:
+    """```yaml blocks that follow a `<!-- kustomization: NAME -->` line in docs/kubernetes.md."""
+    pattern = re.compile(r"<!-- kustomization: ([\w-]+) -->\n```yaml\n(.*?)```", re.DOTALL)
+    return dict(pattern.findall(DOCS.read_text()))
+
+
+def test_the_documented_kustomizations_build_as_described(tmp_path: Path) -> None:
+    snippets = doc_snippets()
+    assert {"combined", "release", "image"} <= set(snippets), sorted(snippets)
+    overlays = user_tree(tmp_path)
+    binary = kubectl()
+    out = {name: kustomize(binary, write_kustomization(overlays / name, text)) for name, text in snippets.items()}
+    kinds = {doc["kind"] for doc in out["combined"]}
+    assert {"DaemonSet", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+    assert pod_spec(out, "combined")["hostPID"] is True
+    assert {doc["metadata"].get("namespace") for doc in out["combined"]} == {"monitoring"}
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert one(out, "release", kind)["metadata"]["labels"]["release"] == "prom"
+    assert container(out, "image")["image"] == f"registry.example.com/gpu/resmon-exporter:{__version__}"
+    for docs in out.values():
+        for doc in docs:
+            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                validate_cr(doc)
+            else:
+                kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
