@@ -72,6 +72,14 @@ def listdir(path: str, owner: str | None = None) -> list[str] | None:
         return None
 
 
+def link_name(path: str) -> str | None:
+    """The last part of a symlink's target (a device's driver); None where there is none."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
 def _classify(exc: OSError, owner: str) -> None:
     if exc.errno in GONE_ERRNOS:
         raise Gone(f"{owner}: {os.strerror(exc.errno or 0)}") from None

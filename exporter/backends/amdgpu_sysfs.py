@@ -49,7 +49,6 @@ class Card:
 
     pci: str  # 0000:03:00.0, lower case
     device_dir: str  # the PCI device directory (symlinks resolved)
-    pci_id: str  # "1002:744C" from uevent
 
 
 @dataclass(slots=True)
@@ -79,13 +78,15 @@ def find_cards(sysfs_root: str) -> list[Card] | None:
         pci = os.path.basename(device).lower()
         if not _PCI_ADDRESS.fullmatch(pci) or pci in cards:
             continue  # a compute partition's platform device: part of its PCI card
-        try:
-            event = sysfs.uevent(sysfs.read(join(device, "uevent"), device))
-        except sysfs.Gone:
-            continue  # removed while we looked
-        driver = event.get("DRIVER") or os.path.basename(os.path.realpath(join(device, "driver")))
+        # the driver link, not uevent: a readlink per card and refresh, no file opened
+        driver = sysfs.link_name(join(device, "driver"))
+        if driver is None:  # no link (odd trees): what uevent says
+            try:
+                driver = sysfs.uevent(sysfs.read(join(device, "uevent"), device)).get("DRIVER")
+            except sysfs.Gone:
+                continue  # removed while we looked
         if driver == "amdgpu":
-            cards[pci] = Card(pci, device, event.get("PCI_ID", "").upper())
+            cards[pci] = Card(pci, device)
     return [cards[p] for p in sorted(cards)]
 
 
@@ -137,12 +138,13 @@ class AmdgpuBackend:
     def _name(self, card: Card, product: str | None) -> str:
         if product:
             return product
-        device = card.pci_id.partition(":")[2]
+        pci_id = sysfs.uevent(sysfs.read(join(card.device_dir, "uevent"), card.device_dir)).get("PCI_ID", "").upper()
+        device = pci_id.partition(":")[2]
         revision = sysfs.read(join(card.device_dir, "revision"), card.device_dir) or ""
         revision = revision.lower().removeprefix("0x").upper().zfill(2)
         if self._ids is None:
             self._ids = load_ids(self._ids_file)
-        return self._ids.get((device, revision)) or f"AMD GPU [{card.pci_id.lower() or 'unknown'}]"
+        return self._ids.get((device, revision)) or f"AMD GPU [{pci_id.lower() or 'unknown'}]"
 
     def _hwmon(self, device_dir: str) -> str | None:
         base = join(device_dir, "hwmon")
