@@ -24,13 +24,14 @@ stage_done() { echo "test.sh: $1: $((SECONDS - stage_start)) s" >&2; stage_start
 # -- system tools ----------------------------------------------------------------------------
 # Debian's prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool),
 # docker-compose (offline validation of docker-compose.yml), gcc (the fake NVML) and binutils
-# (readelf, the fake's symbol check), when missing.
+# (readelf, the fake's symbol check), fuse3 (the amdgpu tests' FUSE sysfs), when missing.
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v readelf >/dev/null 2>&1 || missing+=(binutils)
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)  # the amdgpu tests' FUSE sysfs (libfuse3-3 comes with it)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -20,7 +20,7 @@ from exporter import sysfs_errors as sysfs
 from exporter.backends import BackendError, GpuOptions, make_backend
 from exporter.backends.amdgpu_sysfs import AmdgpuBackend, find_cards
 from exporter.samples import GpuReading
-from fake_sysfs import GIB, MIB, FakeSysfs, apu, mi300x, rx7900, standard
+from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
 
 HERE = Path(__file__).parent
 RX, MI, APU = "0000:03:00.0", "0000:c3:00.0", "0000:05:00.0"

@@ -140,3 +140,13 @@ def test_explicit_amdgpu_without_cards_exits_2_with_one_line(tmp_path):
                              "--web.listen-address=127.0.0.1:0"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("resmon-exporter: error: --gpu.backend=amdgpu: no card")
+
+
+@pytest.mark.e2e
+def test_benchmark_prints_both_backends_side_by_side():
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "amdgpu.py"), "--quick", "--gpus", "2"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("refresh cost, 2 MI300X-like GPUs")
+    assert [l.split()[0] for l in lines[2:]] == ["amdgpu", "gpu-tracker"] and lines[2].endswith("1x")
