@@ -1,6 +1,9 @@
 # resmon-exporter image: slim Python, non-root, NVML from the NVIDIA container runtime,
 # the gpu-tracker extra for hosts where only nvidia-smi / amd-smi work, the kubernetes
 # extra (grpcio, protobuf) for the kubelet PodResources socket.
+# AMD GPUs are read from sysfs (--gpu.backend=amdgpu, or auto): the container's /sys is the
+# host's, read-only, under Docker and Kubernetes; where it is not, mount the host's
+# (-v /sys:/host/sys:ro) and pass --path.sysfs=/host/sys. No ROCm, /dev/kfd or /dev/dri needed.
 FROM python:3.12-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \

@@ -145,7 +145,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("web.read-header-timeout", 10.0, _duration(_HOUR, positive=True), "Time a client has to send a request head."),
     Flag("web.idle-timeout", 120.0, _duration(_HOUR, positive=True), "Close kept-alive connections idle this long."),
     Flag("web.timeout-offset", 0.5, _duration(60.0), "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
-    Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, gpu-tracker or none."),
+    Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, amdgpu, gpu-tracker or none."),
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
     Flag("collector.gpu", True, _bool, "Enable the GPU collector.", boolean=True),
@@ -156,6 +156,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
     Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
+    Flag("path.sysfs", "/sys", str, "sysfs mount point: where the amdgpu backend finds the cards (the host's /sys in a container)."),
     Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
     Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", _socket_path, "The kubelet's PodResources API socket."),
     Flag("kubernetes.cache-ttl", 5.0, _duration(_HOUR), "Reuse the kubelet's List answer this long."),
@@ -187,6 +188,7 @@ class Config:
     collector_processes_group_by: str
     collector_processes_max_per_gpu: int
     path_procfs: str
+    path_sysfs: str
     collector_kubernetes: bool
     kubernetes_pod_resources_socket: str
     kubernetes_cache_ttl: float
@@ -220,7 +222,7 @@ def _shown(default: Any) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Prometheus exporter for NVIDIA GPU (NVML) and host resources.",
+        description="Prometheus exporter for NVIDIA GPU (NVML), AMD GPU (amdgpu sysfs) and host resources.",
         allow_abbrev=False,
     )
     for flag in FLAGS:
@@ -307,6 +309,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
             processes_group_by=config.collector_processes_group_by,
             processes_max_per_gpu=config.collector_processes_max_per_gpu,
             procfs=config.path_procfs,
+            sysfs=config.path_sysfs,
             collect_kubernetes=config.collector_kubernetes,
             pod_resources_socket=config.kubernetes_pod_resources_socket,
             kubernetes_cache_ttl=config.kubernetes_cache_ttl,

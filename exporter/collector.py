@@ -62,6 +62,17 @@ _GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuSample], float | int | None]], .
         "Distinct processes in the device's compute and graphics process lists.",
         lambda g: g.processes,
     ),
+    (
+        "resmon_gpu_junction_temperature_celsius",
+        "Junction (hotspot) temperature in degrees Celsius (amdgpu).",
+        lambda g: g.junction_temperature_celsius,
+    ),
+    (
+        "resmon_gpu_gtt_total_bytes",
+        "System memory the GPU can map (GTT) in bytes (amdgpu; the main memory pool of an APU).",
+        lambda g: g.gtt_total_bytes,
+    ),
+    ("resmon_gpu_gtt_used_bytes", "GTT in use in bytes (amdgpu).", lambda g: g.gtt_used_bytes),
 )
 
 _MEMORY_USED_V1_HELP = (

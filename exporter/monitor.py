@@ -196,7 +196,8 @@ class ResourceMonitor:
     GpuBackend object to use instead of gpu_backend. collect_health / collect_nvlink /
     collect_xid: the collectors read along with the GPUs (NVML only). collect_processes:
     per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
-    processes_group_by / processes_max_per_gpu for /metrics). collect_kubernetes: the
+    processes_group_by / processes_max_per_gpu for /metrics). sysfs: where sysfs is mounted
+    (the amdgpu backend reads it; the host's /sys in a container). collect_kubernetes: the
     kubelet's PodResources socket, when it exists (pod_logs_dir, container_logs_dir: the
     kubelet's log directories, for the pod and container names of processes). Use it as a
     context manager, or call close(), to stop its thread and release NVML.
@@ -221,6 +222,7 @@ class ResourceMonitor:
         processes_group_by: str = "process",
         processes_max_per_gpu: int = 64,
         procfs: str = "/proc",
+        sysfs: str = "/sys",
         collect_kubernetes: bool = True,
         pod_resources_socket: str = POD_RESOURCES_SOCKET,
         kubernetes_cache_ttl: float = 5.0,
@@ -235,7 +237,7 @@ class ResourceMonitor:
         if collect_gpu and backend is None:
             options = GpuOptions(
                 health=collect_health, nvlink=collect_nvlink, xid=collect_xid,
-                processes=collect_processes, mig_devices=collect_kubernetes,
+                processes=collect_processes, mig_devices=collect_kubernetes, sysfs=sysfs,
             )
             backend = make_backend(gpu_backend, self._log, collect_timeout, options)
         self._backend: GpuBackend | None = backend if collect_gpu else None

@@ -113,6 +113,9 @@ class GpuSample:
     processes: int | None = None  # distinct PIDs in the compute and graphics lists
     # v2 additions of the gpu collector
     memory_temperature_celsius: float | None = None
+    junction_temperature_celsius: float | None = None  # amdgpu: hwmon temp2 (hotspot)
+    gtt_total_bytes: int | None = None  # amdgpu: system memory the GPU maps (GTT)
+    gtt_used_bytes: int | None = None
     encoder_utilization_ratio: float | None = None
     decoder_utilization_ratio: float | None = None
     busy_seconds: tuple[tuple[str, float], ...] = ()  # (engine, seconds busy, integrated)
@@ -169,7 +172,7 @@ class PartStatus:
 class GpuReading:
     """What the GPU backend reported in one refresh."""
 
-    backend: str  # "nvml", "gpu-tracker" or "none"
+    backend: str  # "nvml", "amdgpu", "gpu-tracker" or "none"
     success: bool
     device_count: int = 0
     driver_version: str = ""

@@ -24,9 +24,9 @@ stage_done() { echo "test.sh: $1: $((SECONDS - stage_start)) s" >&2; stage_start
 # -- system tools ----------------------------------------------------------------------------
 # Debian's prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool),
 # docker-compose (offline validation of docker-compose.yml), gcc (the fake NVML), binutils
-# (readelf, the fake's symbol check) and systemd (systemd-analyze, the unit's checks), when
-# missing. kubectl (with its built-in kustomize) is not in Debian in a usable version: these
-# machines ship it; tests/test_kubernetes_manifests.py fails with a clear message without it.
+# (readelf, the fake's symbol check), systemd (systemd-analyze, the unit's checks) and fuse3
+# (the amdgpu tests' FUSE sysfs), when missing. kubectl (with its built-in kustomize) is not
+# in Debian in a usable version: these machines ship it, and CI=true fails at once without it.
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
@@ -34,6 +34,7 @@ command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v readelf >/dev/null 2>&1 || missing+=(binutils)
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)  # the amdgpu tests' FUSE sysfs (libfuse3-3 comes with it)
 if ! command -v kubectl >/dev/null 2>&1; then
   [ "$ci" = 1 ] && die "kubectl >= 1.21 (kustomize Components) missing: tests/test_kubernetes_manifests.py needs it"
   echo "note: kubectl missing; the manifest tests are skipped" >&2

@@ -33,7 +33,7 @@ def test_docs_list_exactly_the_collectors_families():
         assert kind == FAMILIES[name], name
 
 
-def test_docs_match_a_full_scrape(run_exporter, scenario):
+def test_docs_match_a_full_scrape(run_exporter, scenario, tmp_path):
     # every family some board answers, v1 and v2, with this test's own process on GPU 0 and
     # a kubelet that assigned GPU 0 to a pod
     scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}"})
@@ -46,13 +46,21 @@ def test_docs_match_a_full_scrape(run_exporter, scenario):
     finally:
         kubelet.stop()
         shutil.rmtree(directory, ignore_errors=True)
+    # the amdgpu-only families (junction temperature, GTT) from an AMD scrape
+    from fake_sysfs import standard
+
+    amd = run_exporter("--gpu.backend=amdgpu", f"--path.sysfs={standard(tmp_path / 'sys').root}", "--no-collector.kubernetes").scrape()
+    amd_served = {name for name in amd.samples if name.startswith("resmon_")}
     rows = doc_rows()
-    assert served == set(rows), served ^ set(rows)
-    for name, (kind, labels) in rows.items():
-        family = s.families[name[: -len("_total")] if kind == "counter" else name]
-        assert family.type == kind, name
-        for sample_labels, _ in s.series(name):
-            assert set(sample_labels) == labels, (name, sample_labels)
+    assert served | amd_served == set(rows), (served | amd_served) ^ set(rows)
+    for scrape in (s, amd):
+        for name, (kind, labels) in rows.items():
+            if name not in scrape.samples:
+                continue
+            family = scrape.families[name[: -len("_total")] if kind == "counter" else name]
+            assert family.type == kind, name
+            for sample_labels, _ in scrape.series(name):
+                assert set(sample_labels) == labels, (name, sample_labels)
 
 
 def _full_scrape(run_exporter, scenario, socket_path: str):

@@ -9,20 +9,22 @@ from typing import Callable, Protocol, TypeVar
 
 from ..samples import GpuReading
 
-BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "gpu-tracker", "none")
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "amdgpu", "gpu-tracker", "none")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
     """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes);
-    mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them)."""
+    mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
+    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend."""
 
     health: bool = True
     nvlink: bool = True
     xid: bool = True
     processes: bool = False
     mig_devices: bool = False
+    sysfs: str = "/sys"
 
 
 class BackendError(Exception):
@@ -32,7 +34,7 @@ class BackendError(Exception):
 class GpuBackend(Protocol):
     @property
     def name(self) -> str:
-        """nvml, gpu-tracker or none: what resmon_gpu_backend_info reports."""
+        """nvml, amdgpu, gpu-tracker or none: what resmon_gpu_backend_info reports."""
         ...
 
     def prepare(self) -> None:
@@ -84,6 +86,11 @@ def make_backend(
         if not bounded(backend.try_init, timeout, "--gpu.backend=nvml: nvmlInit"):
             raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
         return backend
+    if choice == "amdgpu":
+        from .amdgpu_sysfs import explicit_backend as amdgpu_backend
+
+        sysfs = (options or GpuOptions()).sysfs
+        return bounded(lambda: amdgpu_backend(log, sysfs, options), timeout, "--gpu.backend=amdgpu: finding cards")
     if choice == "gpu-tracker":
         from .gpu_tracker import explicit_backend
 

@@ -1,9 +1,12 @@
-"""--gpu.backend=auto: NVML when it initialises and sees a GPU; else gpu-tracker when its
-extra is installed and nvidia-smi or amd-smi answers; else none.
+"""--gpu.backend=auto: NVML when it initialises and sees a GPU; else amdgpu when a DRM card
+of the amdgpu driver is in sysfs; else gpu-tracker when its extra is installed and
+nvidia-smi or amd-smi answers; else none.
 
 NVML keeps being retried (with the NVML backend's backoff) while another backend serves,
 so a host that booted before its driver was loaded picks NVML up later. Once NVML has
 seen a GPU the choice is final: later NVML faults show as GPUs down, not as a switch.
+Once amdgpu (or gpu-tracker) is chosen it stays; while on none, sysfs is looked at again
+on every refresh (a directory listing) and the CLIs with a backoff.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from ..logs import fields
 from ..samples import GpuReading
 from . import GpuOptions, NoGpuBackend
+from .amdgpu_sysfs import AmdgpuBackend, find_cards
 from .gpu_tracker import GpuTrackerBackend, detect_vendor, extra_installed
 from .nvml import NvmlBackend
 
@@ -24,9 +28,10 @@ class AutoBackend:
     def __init__(self, log: logging.Logger, timeout: float, options: GpuOptions | None = None) -> None:
         self._log = log
         self._timeout = timeout
+        self._options = options or GpuOptions()
         self._nvml = NvmlBackend(log, options=options)
         self._nvml_final = False
-        self._fallback: GpuTrackerBackend | NoGpuBackend | None = None
+        self._fallback: AmdgpuBackend | GpuTrackerBackend | NoGpuBackend | None = None
         self._cli_retry_at = 0.0
         self._cli_backoff = _CLI_RETRY_MIN
         self._announced = ""
@@ -56,13 +61,19 @@ class AutoBackend:
             self._announce("nvml", f"NVML sees {count} GPU(s)")
         return bool(count)
 
-    def _choose_fallback(self) -> GpuTrackerBackend | NoGpuBackend:
-        if isinstance(self._fallback, GpuTrackerBackend):
+    def _choose_fallback(self) -> AmdgpuBackend | GpuTrackerBackend | NoGpuBackend:
+        if isinstance(self._fallback, (AmdgpuBackend, GpuTrackerBackend)):
             return self._fallback
+        skipped = [f"nvml: {self._nvml.last_error or 'no GPU'}"]
+        cards = find_cards(self._options.sysfs)
+        if cards:
+            self._fallback = AmdgpuBackend(self._log, self._options.sysfs, self._options)
+            self._announce("amdgpu", f"{len(cards)} amdgpu card(s) in {self._options.sysfs}/class/drm", skipped)
+            return self._fallback
+        skipped.append("amdgpu: no amdgpu card")
         now = time.monotonic()
         if self._fallback is not None and now < self._cli_retry_at:
             return self._fallback
-        skipped = [f"nvml: {self._nvml.last_error or 'no GPU'}"]
         if extra_installed():
             vendor, reasons = detect_vendor(self._timeout)
             if vendor is not None:

@@ -1,0 +1,155 @@
+"""The one place that turns sysfs reads into what the exporter does about them (amdgpu).
+
+Every attribute of the amdgpu backend is read through read(), and every value parsed by
+the helpers below, so the errno policy lives here and nowhere else:
+
+- the card is gone (its device directory vanished, or the driver answers ENODEV / ENXIO:
+  unplugged, "no such device"): Gone, and the backend reports the card down
+  (resmon_gpu_up 0, kept under its last index);
+- anything else that fails, for one attribute only: None, an absent series. ENOENT (the
+  file does not exist on this board: no fan, no edge sensor on MI300), EOPNOTSUPP /
+  EINVAL / ENODATA (the SMU has no such sensor), EPERM / EACCES / EBUSY / EAGAIN (the
+  GPU is runtime-suspended or in reset: newer kernels answer EPERM rather than waking it),
+  EIO / ETIMEDOUT (one SMU message failed) and text that is not a number: one odd answer
+  never takes a working card down, and is never exported as 0.
+
+A read that blocks (a hung SMU) is not handled here: the whole refresh runs on the
+monitor's one GPU worker thread, bounded by --collect.timeout like a hung NVML call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+# sysfs attributes are at most one page
+_PAGE = 4096
+# The driver says the device itself is gone.
+GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENXIO})
+
+
+class Gone(Exception):
+    """The directory owning the attribute vanished (a card unplugged, a KFD process that
+    exited), or the driver says it has no such device."""
+
+
+def read(path: str, owner: str) -> str | None:
+    """The text of one sysfs attribute, stripped; None when it cannot be used (see the
+    module docstring). owner: the directory the attribute belongs to (the card's PCI device
+    directory), checked on ENOENT to tell a missing file from a card that disappeared."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        _classify(exc, owner)
+        return None
+    try:
+        data = os.read(fd, _PAGE)
+    except OSError as exc:
+        _classify(exc, owner)
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("ascii").strip()
+    except UnicodeDecodeError:  # garbage: that attribute only
+        return None
+
+
+def exists(path: str) -> bool:
+    """Whether an attribute or directory is there (hwmon files, KFD)."""
+    return os.path.exists(path)
+
+
+def listdir(path: str, owner: str | None = None) -> list[str] | None:
+    """A directory's entries; None when it does not exist or cannot be listed. With
+    owner, a vanished owner raises Gone as read() does."""
+    try:
+        return os.listdir(path)
+    except OSError as exc:
+        if owner is not None:
+            _classify(exc, owner)
+        return None
+
+
+def link_name(path: str) -> str | None:
+    """The last part of a symlink's target (a device's driver); None where there is none."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def _classify(exc: OSError, owner: str) -> None:
+    if exc.errno in GONE_ERRNOS:
+        raise Gone(f"{owner}: {os.strerror(exc.errno or 0)}") from None
+    if exc.errno == errno.ENOENT and not os.path.isdir(owner):
+        raise Gone(f"{owner}: vanished") from None
+    # everything else: that attribute is absent this refresh
+
+
+def integer(text: str | None) -> int | None:
+    """A decimal integer attribute (bytes, microwatts, millidegrees, hertz, percent); None
+    for garbage. Negative values are garbage too: none of these files can be negative."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text.isascii() or not text.isdecimal():
+        return None
+    return int(text)
+
+
+def percent_ratio(text: str | None) -> float | None:
+    """gpu_busy_percent / mem_busy_percent as 0..1; older kernels can report values over 100
+    (the driver clamps only since 2024): those are dropped, not clamped into a false 100 %."""
+    value = integer(text)
+    return value / 100.0 if value is not None and value <= 100 else None
+
+
+def scaled(text: str | None, divisor: float) -> float | None:
+    value = integer(text)
+    return value / divisor if value is not None else None
+
+
+# "1: 1000Mhz *" (the current level is starred); RDNA also lists a sleep level "S: 19Mhz"
+_DPM_LINE = re.compile(r"\s*(?P<level>\d+|S):\s*(?P<mhz>\d+)\s*[Mm][Hh][Zz]\s*(?P<current>\*)?\s*")
+
+
+def dpm_levels(text: str | None) -> tuple[float | None, float | None]:
+    """(current, highest) clock in hertz from a pp_dpm_sclk / pp_dpm_mclk table; None for
+    what it does not say. A line that does not parse makes the table garbage."""
+    if not text:
+        return None, None
+    current = highest = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _DPM_LINE.fullmatch(line)
+        if match is None:
+            return None, None
+        hertz = int(match["mhz"]) * 1e6
+        if match["current"]:
+            current = hertz
+        if match["level"] != "S" and (highest is None or hertz > highest):
+            highest = hertz
+    return current, highest
+
+
+def uevent(text: str | None) -> dict[str, str]:
+    """KEY=value lines of a uevent file."""
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def properties(text: str | None) -> dict[str, int]:
+    """'name value' lines of a KFD topology node's properties file (integers)."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdecimal():
+            out[parts[0]] = int(parts[1])
+    return out

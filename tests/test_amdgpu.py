@@ -1,0 +1,379 @@
+"""The amdgpu backend in process, on a fake sysfs tree with the real shapes (tests/fake_sysfs.py),
+and through FUSE (tests/fuse_sysfs.py) for the errnos and blocking reads of real sysfs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from exporter import ResourceMonitor
+from exporter import sysfs_errors as sysfs
+from exporter.backends import BackendError, GpuOptions, make_backend
+from exporter.backends.amdgpu_sysfs import AmdgpuBackend, find_cards
+from exporter.samples import GpuReading
+from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
+
+HERE = Path(__file__).parent
+RX, MI, APU = "0000:03:00.0", "0000:c3:00.0", "0000:05:00.0"
+RX_UUID, MI_UUID = "GPU-a4e8c1b26c2f0001", "GPU-3e52f2a4b7c10d12"
+
+
+def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids") -> AmdgpuBackend:
+    return AmdgpuBackend(logging.getLogger("test.amdgpu"), str(root), GpuOptions(processes=processes), ids_file=ids_file)
+
+
+def by_pci(reading: GpuReading) -> dict:
+    return {d.identity.pci_bus_id: d for d in reading.devices}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> FakeSysfs:
+    return standard(tmp_path / "sys")
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+def test_pp_dpm_tables_current_and_highest_level():
+    assert sysfs.dpm_levels("0: 500Mhz\n1: 1950Mhz *\n2: 2500Mhz\n") == (1950e6, 2500e6)
+    # RDNA's sleep level: may be current, never the maximum
+    assert sysfs.dpm_levels("S: 19Mhz *\n0: 500Mhz\n1: 2400Mhz\n") == (19e6, 2400e6)
+    assert sysfs.dpm_levels("0: 96MHz\n1: 1249MHz\n") == (None, 1249e6)  # no level starred
+    assert sysfs.dpm_levels("0: fast\n1: 1000Mhz *\n") == (None, None)  # garbage: nothing from it
+    assert sysfs.dpm_levels("") == (None, None) and sysfs.dpm_levels(None) == (None, None)
+
+
+def test_numbers_garbage_and_out_of_range_are_absent():
+    assert sysfs.integer("287000000") == 287000000
+    for bad in ("", "abc", "-5", "1.5", "12 34", "\u0663", None):  # \u0663: an Arabic-Indic digit
+        assert sysfs.integer(bad) is None, bad
+    assert sysfs.percent_ratio("100") == 1.0 and sysfs.percent_ratio("0") == 0.0
+    assert sysfs.percent_ratio("150") is None  # older kernels: not clamped into a false 100 %
+
+
+# -- discovery and mapping ----------------------------------------------------------------
+
+
+def test_discovery_takes_amdgpu_cards_by_pci_address_and_skips_the_rest(tree):
+    tree.add(apu())
+    cards = find_cards(str(tree.root))
+    # card12 (past 9) is found; card1-DP-1, renderD*, the amdgpu_xcp partition card13, the
+    # i915 card20 and the "version" file are not; ordered by PCI address, not card number
+    assert [c.pci for c in cards] == [RX, APU, MI]
+    assert [c.device_dir for c in cards] == [str(tree.device_dir(p)) for p in (RX, APU, MI)]
+    names = sorted(os.listdir(tree.root / "class" / "drm"))
+    assert {"card1-DP-1", "renderD129", "card13", "card20", "card12", "version"} <= set(names)
+
+
+def test_three_boards_map_onto_the_contract_in_base_units(tree, tmp_path):
+    tree.add(apu())
+    ids = tmp_path / "amdgpu.ids"
+    ids.write_text("# List of AMDGPU IDs\n\n1.0.0\n15D8,\tC1,\tAMD Radeon Vega 10 Graphics\n15D8,\tC1,\tsecond match\n")
+    got = by_pci(backend(tree.root, ids_file=str(ids)).read())
+    rx, mi, ap = got[RX], got[MI], got[APU]
+    assert [d.identity.index for d in (rx, ap, mi)] == [0, 1, 2]
+    # discrete card with a fan
+    assert (rx.identity.uuid, rx.identity.name) == (RX_UUID, "AMD GPU [1002:744c]")  # no FRU, not in this ids file
+    assert (rx.memory_total_bytes, rx.memory_used_bytes, rx.memory_free_bytes) == (24 * GIB, 3 * GIB, 21 * GIB)
+    assert (rx.utilization_ratio, rx.memory_utilization_ratio) == (0.87, 0.40)
+    assert (rx.temperature_celsius, rx.junction_temperature_celsius, rx.memory_temperature_celsius) == (61.0, 75.0, 70.0)
+    assert (rx.power_watts, rx.power_limit_watts, rx.fan_speed_ratio) == (287.0, 355.0, 102 / 255)
+    assert rx.clock_hertz == (("graphics", 1950e6), ("memory", 1249e6))
+    assert rx.identity.clock_max_hertz == (("graphics", 2500e6), ("memory", 1249e6))
+    assert (rx.gtt_total_bytes, rx.gtt_used_bytes) == (32 * GIB, 200 * MIB)
+    assert rx.energy_joules is None and rx.performance_state is None and rx.throttle_reasons is None
+    # MI300X: no edge sensor (junction instead), no fan, only instantaneous power, FRU name
+    assert (mi.identity.uuid, mi.identity.name) == (MI_UUID, "AMD Instinct MI300X")
+    assert (mi.temperature_celsius, mi.junction_temperature_celsius, mi.memory_temperature_celsius) == (58.0, 58.0, 49.0)
+    assert (mi.power_watts, mi.power_limit_watts, mi.fan_speed_ratio) == (612.0, 750.0, None)
+    assert mi.memory_total_bytes == 192 * GIB
+    # APU: no unique_id, name from libdrm's list (first match), no fan / mclk / mem busy / cap
+    assert (ap.identity.uuid, ap.identity.name) == ("", "AMD Radeon Vega 10 Graphics")
+    assert (ap.memory_total_bytes, ap.gtt_total_bytes) == (512 * MIB, 16 * GIB)
+    assert ap.fan_speed_ratio is None and ap.memory_utilization_ratio is None and ap.power_limit_watts is None
+    assert ap.clock_hertz == (("graphics", 200e6),) and ap.identity.clock_max_hertz == (("graphics", 1400e6),)
+    assert ap.junction_temperature_celsius is None and ap.memory_temperature_celsius is None
+    assert ap.power_watts == 15.0  # the package's socket power (docs/metrics.md says so)
+
+
+def test_pci_ids_fallback_and_clock_fallback_to_pp_dpm(tree):
+    # without freq*_input the clocks come from the starred pp_dpm level
+    hw = tree.device_dir(RX) / "hwmon" / "hwmon3"
+    for name in ("freq1_input", "freq2_input", "power1_average"):
+        (hw / name).unlink()
+    tree.set(RX, "hwmon:power1_input", "199000000")  # and power from the instantaneous sensor
+    rx = by_pci(backend(tree.root).read())[RX]
+    assert rx.clock_hertz == (("graphics", 1950e6), ("memory", 1249e6))
+    assert rx.power_watts == 199.0
+
+
+def test_values_change_between_refreshes_identity_does_not(tree):
+    b = backend(tree.root)
+    first = by_pci(b.read())[RX]
+    tree.set(RX, "gpu_busy_percent", "3")
+    tree.set(RX, "mem_info_vram_used", str(20 * GIB))
+    tree.set(RX, "hwmon:temp1_input", "83500")
+    tree.set(RX, "hwmon:pwm1", "255")
+    tree.set(RX, "product_name", "renamed")  # identity is read once per card
+    tree.set(RX, "pp_dpm_sclk", "0: 500Mhz *\n1: 3000Mhz\n")
+    second = by_pci(b.read())[RX]
+    assert (first.utilization_ratio, second.utilization_ratio) == (0.87, 0.03)
+    assert (second.memory_used_bytes, second.memory_free_bytes) == (20 * GIB, 4 * GIB)
+    assert (second.temperature_celsius, second.fan_speed_ratio) == (83.5, 1.0)
+    assert second.identity == first.identity  # name and max clocks as first read
+
+
+def test_garbage_values_are_absent_never_zero(tree):
+    for name, text in (("gpu_busy_percent", "garbage"), ("mem_busy_percent", "250"), ("mem_info_vram_used", "-1"),
+                       ("hwmon:temp1_input", ""), ("hwmon:power1_average", "12.5"), ("hwmon:pwm1", "300"),
+                       ("hwmon:freq1_input", "\x00\x01"), ("pp_dpm_sclk", "nonsense")):
+        tree.set(RX, name, text)
+    (tree.device_dir(RX) / "hwmon" / "hwmon3" / "temp2_input").write_bytes(b"\xff\xfe7\n")  # not ASCII
+    rx = by_pci(backend(tree.root).read())[RX]
+    assert rx.up
+    assert rx.utilization_ratio is None and rx.memory_utilization_ratio is None
+    assert rx.memory_used_bytes is None and rx.memory_free_bytes is None and rx.memory_total_bytes == 24 * GIB
+    assert rx.temperature_celsius is None and rx.junction_temperature_celsius is None  # no fallback for a failing edge
+    assert rx.power_watts is None and rx.fan_speed_ratio is None
+    assert rx.clock_hertz == (("memory", 1249e6),)  # graphics: freq1 garbage, then pp_dpm garbage
+
+
+def test_card_removed_is_down_under_its_index_and_comes_back(tree):
+    b = backend(tree.root)
+    assert b.read().device_count == 2
+    tree.remove(RX)
+    reading = b.read()
+    got = by_pci(reading)
+    assert reading.success and reading.device_count == 1
+    assert not got[RX].up and got[RX].identity.index == 0 and got[RX].identity.uuid == RX_UUID
+    assert got[MI].up and got[MI].identity.index == 1  # the others are not renumbered
+    tree.add(rx7900())
+    got = by_pci(b.read())
+    assert got[RX].up and got[RX].identity.index == 0 and got[RX].utilization_ratio == 0.87
+
+
+def test_a_card_vanishing_mid_read_is_down(tree, monkeypatch):
+    b = backend(tree.root)
+    b.read()
+    real = sysfs.read
+
+    def vanishing(path: str, owner: str) -> str | None:
+        if path.endswith("gpu_busy_percent") and RX in path:
+            tree.remove(RX)  # unplugged between discovery and this read
+        return real(path, owner)
+
+    monkeypatch.setattr(sysfs, "read", vanishing)
+    got = by_pci(b.read())
+    assert not got[RX].up and got[MI].up
+
+
+def test_no_drm_class_fails_the_read_and_keeps_the_cards_down(tree):
+    b = backend(tree.root)
+    b.read()
+    os.rename(tree.root / "class" / "drm", tree.root / "class" / "drm.gone")
+    reading = b.read()
+    assert not reading.success and [d.up for d in reading.devices] == [False, False]
+
+
+def test_kfd_processes_per_gpu_with_partitions_and_queues(tree):
+    tree.add(apu())
+    # a partition of the MI300X: a second KFD node at the same PCI location
+    node = tree.kfd / "topology" / "nodes"
+    props = (node / "2" / "properties").read_text()
+    tree.write(node / "9" / "gpu_id", "2190")
+    tree.write(node / "9" / "properties", props)
+    tree.process(100, {47823: 2 * GIB, 2189: 0, 60251: 0})  # ROCm opens every GPU: VRAM 0 is not "on it"
+    tree.process(101, {2189: GIB, 2190: 3 * GIB, 47823: 0})  # on two partitions of the MI300X: summed
+    tree.process(102, {47823: 0}, queues=(47823,))  # running kernels before allocating
+    (tree.kfd / "proc" / "not-a-pid").mkdir()
+    got = by_pci(backend(tree.root, processes=True).read())
+    assert got[RX].processes == 2 and [(p.pid, p.memory_bytes) for p in got[RX].process_list] == [(100, 2 * GIB), (102, 0)]
+    assert got[MI].processes == 1 and [(p.pid, p.memory_bytes) for p in got[MI].process_list] == [(101, 4 * GIB)]
+    assert got[APU].processes == 0 and got[APU].process_list == ()
+    # the count is there without the processes collector; the list is not
+    plain = by_pci(backend(tree.root).read())
+    assert plain[RX].processes == 2 and plain[RX].process_list is None
+
+
+def test_without_kfd_process_counts_are_absent_not_zero(tree):
+    import shutil
+
+    shutil.rmtree(tree.root / "class" / "kfd")
+    got = by_pci(backend(tree.root, processes=True).read())
+    assert got[RX].processes is None and got[RX].process_list is None
+
+
+# -- what a refresh touches ---------------------------------------------------------------
+
+_EVENTS: list[tuple[str, tuple]] = []
+_RECORDING = threading.Event()
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _RECORDING.is_set() and (event in ("open", "subprocess.Popen", "os.system", "os.posix_spawn", "os.fork",
+                                          "os.forkpty", "os.exec", "os.spawn", "pty.spawn")):
+        _EVENTS.append((event, args))
+
+
+sys.addaudithook(_audit)  # audit hooks cannot be removed: it records only while the flag is set
+
+
+def recorded(fn) -> list[tuple[str, tuple]]:
+    _EVENTS.clear()
+    _RECORDING.set()
+    try:
+        fn()
+    finally:
+        _RECORDING.clear()
+    return list(_EVENTS)
+
+
+def test_a_refresh_spawns_nothing_and_reads_identity_once(tree, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    tree.process(100, {47823: GIB})
+    b = backend(tree.root, processes=True)
+    first = recorded(b.read)
+    second = recorded(b.read)
+    for events in (first, second):
+        assert [e for e, _ in events if e != "open"] == []  # no process is started, ever
+    opened = [str(args[0]) for e, args in second]
+    assert opened and not [p for p in opened if p.endswith(("unique_id", "product_name", "uevent", "revision", "/name"))]
+    assert any(p.endswith("gpu_busy_percent") for p in opened)
+    # files the MI300X lacks are not tried on every refresh
+    assert not any(MI in p and p.endswith(("temp1_input", "power1_average", "pwm1")) for p in opened)
+    assert any(MI in p and p.endswith("power1_input") for p in opened)
+    assert any(p.endswith("unique_id") for p in (str(args[0]) for _, args in first))
+
+
+# -- the monitor, Mai API, explicit choice --------------------------------------------------
+
+
+def test_mai_api_answers_the_same_shape_for_amd(tree):
+    with ResourceMonitor(gpu_backend="amdgpu", sysfs=str(tree.root), collect_kubernetes=False, cache_ttl=0) as monitor:
+        res = monitor.get_current_resources()
+        gpus = monitor.get_gpus()
+        can = monitor.can_load_model(20.0), monitor.can_load_model(0.01)
+    assert set(res) == {"memory_percent", "cpu_percent", "available_memory_gb", "gpu_vram_gb", "gpu_total_vram_gb",
+                        "gpu_used_vram_gb", "gpu_free_vram_gb", "gpu_utilization_percent", "gpu_temperature_c"}
+    assert (res["gpu_total_vram_gb"], res["gpu_used_vram_gb"], res["gpu_free_vram_gb"], res["gpu_vram_gb"]) == (24.0, 3.0, 21.0, 21.0)
+    assert (res["gpu_utilization_percent"], res["gpu_temperature_c"]) == (87.0, 61.0)
+    assert [g["uuid"] for g in gpus] == [RX_UUID, MI_UUID]
+    assert set(gpus[1]) == {"index", "uuid", "name", "up", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
+                            "utilization_ratio", "memory_utilization_ratio", "temperature_celsius", "power_watts"}
+    assert gpus[1]["power_watts"] == 612.0 and gpus[1]["name"] == "AMD Instinct MI300X"
+    assert can == (False, can[1]) and can[1] == (monitor.snapshot().host.memory_available_bytes / GIB >= 0.015)
+
+
+def test_explicit_amdgpu_without_a_card_is_a_startup_error(tmp_path):
+    FakeSysfs(tmp_path / "sys").other_card()
+    with pytest.raises(BackendError, match="no card of the amdgpu driver"):
+        make_backend("amdgpu", logging.getLogger("t"), 5.0, GpuOptions(sysfs=str(tmp_path / "sys")))
+    with pytest.raises(BackendError, match="cannot list it"):
+        make_backend("amdgpu", logging.getLogger("t"), 5.0, GpuOptions(sysfs=str(tmp_path / "nothing")))
+
+
+# -- kernel errnos and a blocking read, through FUSE ----------------------------------------
+
+
+class FuseTree:
+    """tests/fuse_sysfs.py serving a fake tree at a mount point, with rules."""
+
+    def __init__(self, base: Path, tree: FakeSysfs) -> None:
+        self.tree = tree
+        self.mount = base / "mnt"
+        self.mount.mkdir()
+        self.rules_path = base / "rules.json"
+        self.log = base / "reads.log"
+        self.log.write_text("")
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "fuse_sysfs.py"), str(tree.root), str(self.mount),
+                                      str(self.rules_path), str(self.log)], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(self.mount):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"FUSE mount failed: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            time.sleep(0.02)
+
+    def rel(self, pci: str, name: str) -> str:
+        board = self.tree.boards[pci]
+        d = self.tree.device_dir(pci)
+        path = d / "hwmon" / f"hwmon{board.hwmon_index}" / name[6:] if name.startswith("hwmon:") else d / name
+        return str(path.relative_to(self.tree.root))
+
+    def rules(self, rules: dict[tuple[str, str], dict]) -> None:
+        tmp = self.rules_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({self.rel(pci, name): rule for (pci, name), rule in rules.items()}))
+        os.replace(tmp, self.rules_path)
+
+    def reads(self, pci: str, name: str) -> int:
+        return self.log.read_text().splitlines().count(self.rel(pci, name))
+
+    def close(self) -> None:
+        self.rules({})
+        subprocess.run(["fusermount3", "-uz", str(self.mount)], check=False)
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def fuse_tree(tree, tmp_path) -> Iterator[FuseTree]:
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("/dev/fuse is missing: this kernel or container has no FUSE (the errno tests need it)")
+    ft = FuseTree(tmp_path, tree)
+    yield ft
+    ft.close()
+
+
+def test_kernel_errnos_are_absent_values_and_enodev_is_a_card_down(fuse_tree):
+    ft = fuse_tree
+    ft.rules({
+        (RX, "hwmon:power1_average"): {"errno": "EPERM"},  # runtime-suspended: not woken, not 0
+        (RX, "mem_busy_percent"): {"errno": "ENODATA"},
+        (RX, "hwmon:freq2_input"): {"errno": "EOPNOTSUPP"},
+        (RX, "pp_dpm_mclk"): {"errno": "EINVAL"},
+        (RX, "hwmon:temp1_input"): {"errno": "EIO"},
+        (RX, "gpu_busy_percent"): {"errno": "EBUSY"},
+        (MI, "gpu_busy_percent"): {"errno": "ENODEV"},  # the driver: no such device
+    })
+    got = by_pci(backend(ft.mount).read())
+    rx, mi = got[RX], got[MI]
+    assert rx.up and rx.memory_total_bytes == 24 * GIB and rx.junction_temperature_celsius == 75.0
+    assert rx.power_watts is None and rx.memory_utilization_ratio is None and rx.utilization_ratio is None
+    assert rx.temperature_celsius is None and rx.clock_hertz == (("graphics", 1950e6),)
+    assert not mi.up and mi.identity.uuid == MI_UUID
+    ft.rules({})
+    got = by_pci(backend(ft.mount).read())
+    assert got[RX].power_watts == 287.0 and got[MI].up and got[MI].utilization_ratio == 1.0
+
+
+def test_a_blocked_read_is_bounded_by_the_collect_timeout_without_pile_up(fuse_tree):
+    ft = fuse_tree
+    monitor = ResourceMonitor(gpu_backend="amdgpu", sysfs=str(ft.mount), collect_timeout=1.0, cache_ttl=0,
+                              collect_kubernetes=False, collect_host=False)
+    try:
+        assert [g["up"] for g in monitor.get_gpus()] == [True, True]
+        ft.rules({(RX, "gpu_busy_percent"): {"hang": True}})  # a hung SMU
+        started = time.monotonic()
+        hung = monitor.snapshot()
+        waited = time.monotonic() - started
+        assert not hung.gpu_status.success and [d.up for d in hung.gpu.devices] == [False, False]
+        assert waited < 30  # bounded (the FUSE read itself would block for 120 s)
+        for _ in range(3):
+            again = monitor.snapshot()
+            assert not again.gpu_status.success
+        assert ft.reads(RX, "gpu_busy_percent") == 2  # the first read, and the one hung read: no pile-up
+        ft.rules({})  # the GPU answers again: the late read is used, then fresh ones
+        deadline = time.monotonic() + 20
+        while not monitor.snapshot().gpu_status.success and time.monotonic() < deadline:
+            time.sleep(0.05)
+        snap = monitor.snapshot()
+        assert snap.gpu_status.success and [d.up for d in snap.gpu.devices] == [True, True]
+    finally:
+        monitor.close(drain=5.0)
