@@ -433,7 +433,9 @@ def test_scheduling_and_environment(built: dict[str, list[dict[str, Any]]], buil
         assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
         assert not any(name.startswith("NVIDIA_") for name in env)
         assert "runtimeClassName" not in spec
+        assert "--gpu.backend=amdgpu" in container(built, build)["args"]  # sysfs, no amd-smi in the image
     else:
+        assert not any(a.startswith("--gpu.backend") for a in container(built, build)["args"])  # auto: NVML
         assert keys["feature.node.kubernetes.io/pci-10de.present"] == ["true"]
         assert keys["nvidia.com/gpu.present"] == ["true"]
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
