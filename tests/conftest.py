@@ -20,7 +20,7 @@ from fakenvml import Exporter, Records, Scenario, Trace, build_fake, nvml_env
 # A test is e2e when its function, or any fixture it uses (transitively), refers to one of
 # E2E_NAMES or passes one of E2E_TOOLS as a string. Nobody has to remember the marker;
 # @pytest.mark.e2e by hand still works.
-E2E_NAMES = frozenset({"Exporter", "Stack", "run_exporter"})
+E2E_NAMES = frozenset({"Exporter", "Stack", "Fleet", "run_exporter"})
 E2E_TOOLS = frozenset({"promtool", "prometheus-alertmanager", "amtool", "docker-compose"})  # the Prometheus server: Stack
 # files whose tests start exporters some other way: the benchmark's quick mode starts its own
 E2E_FILES = frozenset({"test_benchmarks.py"})

@@ -3,13 +3,8 @@ promtool and Alertmanager, with the real exporter running on the fake NVML."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import os
-import pwd
 import re
-import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -21,24 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
+from gpu_users import HOST_SM, HOST_VRAM, POD_SM, POD_VRAM, GpuUsers
+from promstack import (RULES, Webhook, alertmanager_config, exprs, free_port, load, need, panels, settle,
+                       substitute, wait_until, write_test_rules)
 from scenarios import three_gpus
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
-RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"
 RULE_TESTS = REPO / "prometheus" / "tests" / "resmon.rules.test.yml"
-VARIABLE_VALUES = {"$job": ".*", "$instance": ".*", "$gpu": ".*", "$__rate_interval": "1m", "$__interval": "15s",
-                   "$__range": "1h"}
-
-
-def need(tool: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        pytest.fail(f"{tool} missing: scripts/test.sh installs it from Debian")
-    return path
-
-
 def load_script(path: Path, name: str) -> Any:
     import importlib.util
 
@@ -46,30 +31,6 @@ def load_script(path: Path, name: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def load(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())
-
-
-def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    for p in dashboard["panels"]:
-        out.append(p)
-        out.extend(p.get("panels", []))
-    return out
-
-
-def exprs(dashboard: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in panels(dashboard) for t in p.get("targets", [])]
-
-
-def substitute(expr: str) -> str:
-    for var, value in sorted(VARIABLE_VALUES.items(), key=lambda kv: -len(kv[0])):
-        expr = expr.replace(var, value)
-    # $1, $2 are label_replace's capture groups: Grafana leaves a "$name" that is no variable as it is
-    assert not re.search(r"\$(?!\d)", expr), expr
-    return expr
 
 
 def contract_families() -> set[str]:
@@ -362,100 +323,8 @@ def test_grafana_provisioning_matches_the_compose_mounts():
 # -- the live stack ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Webhook(http.server.ThreadingHTTPServer):
-    def __init__(self) -> None:
-        self.payloads: list[dict[str, Any]] = []
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                outer.payloads.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-
-
-def wait_until(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 UUID = {i: f"GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000{i}" for i in range(4)}
 HW_THERMAL_SHARE = 0.5  # GPU 0's hardware thermal slowdown counter grows 0.5 s per second
-# Who uses the GPU (processes and kubernetes collectors): GPU 0 is time-sliced between two
-# pods. team-a/train-0's process holds POD_VRAM, a host process HOST_VRAM; team-b/notebook-1
-# holds a replica of GPU 0 and GPU 1 but runs nothing on them. Of the 76 GiB the device uses,
-# no pod may be shown the whole.
-POD_UID = "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f"
-CONTAINER_ID = "4f6c" * 16
-POD_VRAM, HOST_VRAM = 40 * GIB, 20 * GIB
-POD_SM, HOST_SM = 50, 30  # percent, in every process utilization sample
-
-
-class GpuUsers:
-    """Two real children of the test as the GPU's processes, and the host files the exporter
-    reads about them: --path.procfs is a tree holding their real comm and status, and the real
-    cgroup for the host process but a kubepods one (containerd, systemd driver) for the pod's;
-    --kubernetes.pod-logs-dir names that pod's UID; a fake kubelet lists the allocations."""
-
-    def __init__(self, root: Path) -> None:
-        self.children = [subprocess.Popen(["sleep", "3600"]) for _ in range(2)]
-        self.host_pid, self.pod_pid = (c.pid for c in self.children)
-        self.procfs, self.pod_logs = root / "proc", root / "pods"
-        (self.procfs / "self").mkdir(parents=True)  # what the exporter checks a procfs by
-        kubepods = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-                    f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CONTAINER_ID}.scope\n")
-        for pid in (self.host_pid, self.pod_pid):
-            (self.procfs / str(pid)).mkdir()
-            for name in ("comm", "status", "cgroup"):
-                text = Path(f"/proc/{pid}/{name}").read_text()
-                if name == "cgroup" and pid == self.pod_pid:
-                    text = kubepods
-                (self.procfs / str(pid) / name).write_text(text)
-        (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer").mkdir(parents=True)
-        (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer" / "0.log").write_text("")
-        self.socket_dir = short_socket_dir()
-        self.kubelet = FakeKubelet(str(Path(self.socket_dir) / "kubelet.sock")).start()
-        self.kubelet.pods = [
-            Pod("team-a", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [f"{UUID[0]}::0"])])]),
-            Pod("team-b", "notebook-1", [Container("lab", [Device("nvidia.com/gpu", [f"{UUID[0]}::1", UUID[1]])])]),
-        ]
-
-    def args(self) -> list[str]:
-        return ["--collector.processes", f"--path.procfs={self.procfs}", f"--kubernetes.pod-logs-dir={self.pod_logs}",
-                f"--kubernetes.pod-resources-socket={self.kubelet.socket_path}", "--kubernetes.cache-ttl=500ms"]
-
-    def scenario(self) -> dict[str, Any]:
-        return gpu_keys(0, processes=f"{self.host_pid}:{HOST_VRAM},{self.pod_pid}:{POD_VRAM}",
-                        process_util=f"{self.host_pid}:{HOST_SM}:10:0:0,{self.pod_pid}:{POD_SM}:20:0:0")
-
-    @property
-    def user(self) -> str:
-        """The children's (real uid from their status files): the test's own."""
-        return pwd.getpwuid(os.getuid()).pw_name
-
-    def stop(self) -> None:
-        self.kubelet.stop()
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
-        for child in self.children:
-            child.kill()
-            child.wait(5)
 
 
 def stack_machine() -> dict[str, Any]:
@@ -506,7 +375,7 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.users = GpuUsers(root)
+        self.users = GpuUsers(root, (UUID[0], UUID[1]))
         machine = stack_machine()
         machine.pop("gpu.0.graphics_processes")
         self.scenario = Scenario(root / "scenario.txt", {**machine, **self.users.scenario()})
@@ -518,27 +387,11 @@ class Stack:
         self.webhook = Webhook()
         threading.Thread(target=self.webhook.serve_forever, daemon=True).start()
         self.am_port, self.prom_port = free_port(), free_port()
-        (root / "am").mkdir()
-        (root / "am" / "alertmanager.yml").write_text(yaml.safe_dump({
-            "route": {"receiver": "hook", "group_by": ["alertname"], "group_wait": "1s", "group_interval": "1s",
-                      "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [
-                {"url": f"http://127.0.0.1:{self.webhook.server_address[1]}/alerts", "send_resolved": False}]}],
-        }))
+        alertmanager_config(root / "am" / "alertmanager.yml", self.webhook, ["alertname"])
         self.start([need("prometheus-alertmanager"), f"--config.file={root / 'am' / 'alertmanager.yml'}",
                     f"--storage.path={root / 'am' / 'data'}", f"--web.listen-address=127.0.0.1:{self.am_port}",
                     "--cluster.listen-address="], "alertmanager")
-        # a test copy of the rules with short `for`, so alerts fire within the test, and rate
-        # windows of minutes cut to 30 s: rate() divides by the whole window, so over [10m] a
-        # series a minute old would read a tenth of its real rate (the 6 h NVLink memory stays)
-        rules = yaml.safe_load(RULES.read_text())
-        for group in rules["groups"]:
-            for rule in group["rules"]:
-                if "for" in rule:
-                    rule["for"] = "2s"
-                rule["expr"] = re.sub(r"\[(?:[1-9]|10)m\]", "[30s]", rule["expr"])
-        (root / "rules").mkdir()
-        (root / "rules" / "resmon.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+        write_test_rules(root / "rules")  # short `for`, rate windows cut to 30 s
         (root / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
             "rule_files": ["rules/*.yml"],
@@ -641,15 +494,6 @@ def test_dashboard_variables_have_values(stack, path):
         selector, label = substitute(match.group(1)), match.group(2)
         data = stack.api("/api/v1/series", **{"match[]": selector})
         assert data and {s.get(label) for s in data} - {None}, (v["name"], selector)
-
-
-def settle(what: str, fetch: Any, expected: Any, timeout: float = 60) -> None:
-    """Waits until fetch() == expected; the failure shows the last answer."""
-    got: list[Any] = []
-    try:
-        wait_until(what, lambda: got.append(fetch()) or got[-1] == expected, timeout)
-    except AssertionError:
-        raise AssertionError(f"{what}: expected {expected}, last got {got[-1] if got else None}") from None
 
 
 def test_who_uses_the_gpu_panels_give_each_pod_its_own_vram(stack):
