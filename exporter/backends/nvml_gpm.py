@@ -4,8 +4,8 @@ GPM values are computed by the driver between two samples (shared/reference/nvml
 section 6). A scrape never sleeps for a second sample: each refresh takes one sample and
 computes against the newest kept sample at least MIN_WINDOW older, so the first refresh
 emits nothing and a fast scrape still gets a window of MIN_WINDOW or more. Per source (a
-GPU, or a MIG GPU instance) three sample buffers are allocated once and reused: the two
-kept ones and the one being taken. Every buffer is freed before nvmlShutdown (free_all).
+GPU, or a MIG GPU instance) at most three sample buffers are allocated, each once, and
+reused: the two kept ones and the one being taken. Every buffer is freed before nvmlShutdown (free_all).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class _Source:
     spare: list[Any] = field(default_factory=list)
     kept: list[tuple[float, Any]] = field(default_factory=list)
     tag: Any = None  # what the samples were taken of (a MIG instance's identity): a change starts afresh
+    allocated: int = 0
 
 
 def convert(metrics: Any, count: int) -> ProfilingSample | None:
@@ -106,20 +107,18 @@ class GpmReader:
             source.spare += [buf for _, buf in source.kept]
             source.kept = []
         if source is None:
-            source = _Source(tag=tag)
+            source = self._sources[(key, instance)] = _Source(tag=tag)
+        source.tag = tag
+        if not source.spare:  # allocated on first need, at most _BUFFERS: a refused source holds one
             try:
-                for _ in range(_BUFFERS):
-                    buf = ask(key, "gpm_alloc", nvml_errors.call, pynvml.nvmlGpmSampleAlloc, part="profiling")
-                    if buf is None:  # failed (logged, the part fails): tried again next refresh
-                        self._free(source)
-                        return None
-                    source.spare.append(buf)
+                buf = ask(key, "gpm_alloc", nvml_errors.call, pynvml.nvmlGpmSampleAlloc, part="profiling")
             except Missing:
                 self._missing = True
-                self._free(source)
                 return None
-            self._sources[(key, instance)] = source
-        source.tag = tag
+            if buf is None:  # failed (logged, the part fails): tried again next refresh
+                return None
+            source.allocated += 1
+            source.spare.append(buf)
         suffix = "" if instance is None else f".{instance}"
         buf = source.spare.pop()
         try:
