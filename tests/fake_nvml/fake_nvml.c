@@ -1167,6 +1167,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 #endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    int slot, parent;
+    nvmlReturn_t mrc;
+    if ((parent = mig_detail_enter(FN_nvmlDeviceGetBAR1MemoryInfo, device, &slot, &mrc)) >= 0) {
+        if (!bar1) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        bar1->bar1Total = 33554432ULL; /* a MIG device's share of the BAR1 aperture (nvitop shows it) */
+        bar1->bar1Used = 1048576ULL;
+        bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
+        return leave(NVML_SUCCESS);
+    }
+    if (slot >= 0) return leave(mrc);
     DEV_ENTER(nvmlDeviceGetBAR1MemoryInfo);
     if (!bar1) return leave(NVML_ERROR_INVALID_ARGUMENT);
     bar1->bar1Total = 134217728ULL;
