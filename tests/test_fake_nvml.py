@@ -938,3 +938,19 @@ def test_gpustat_and_nvitop_accept_the_mig_machine(fake_libs, scenario, tool):
         assert "MIG" in result.stdout  # nvitop shows the MIG mode / devices
         for short in ("H100 80GB HBM3", "H200", "A100-SXM4-80GB"):
             assert short in result.stdout
+
+
+GPM_SYMBOLS = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
+               "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet")
+
+
+def test_gpm_symbols_only_in_the_current_build_mig_instance_ids_in_both(fake_libs):
+    if shutil.which("readelf") is None:
+        pytest.fail("readelf missing (binutils)")
+    for build in ("current", "old"):
+        syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(fake_libs[build] / "libnvidia-ml.so.1")],
+                              capture_output=True, text=True).stdout
+        for symbol in GPM_SYMBOLS:
+            assert (f" {symbol}\n" in syms) == (build == "current"), (build, symbol)
+        for symbol in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+            assert f" {symbol}\n" in syms, (build, symbol)

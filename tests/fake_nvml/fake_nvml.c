@@ -12,13 +12,15 @@
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 [-DFAKE_WITH_NVML_H -I<nvml.h dir>]
  *        [-DFAKE_OLD_DRIVER] -o libnvidia-ml.so.1 fake_nvml.c -lpthread
  * FAKE_OLD_DRIVER leaves out the symbols that drivers before R535 lack
- * (MemoryInfo_v2, TemperatureV, ClocksEventReasons, *_RunningProcesses_v3).
+ * (MemoryInfo_v2, TemperatureV, ClocksEventReasons, *_RunningProcesses_v3), and GPM.
  *
  * Health features (ECC, retired pages, remapped rows, NVLink, PCIe link, field values,
  * violation time, sample buffers) follow the scenario-key contract in tests/fakenvml.py;
  * each one answers NOT_SUPPORTED until its keys are set, so old scenarios are unchanged.
  * Processes (issue 11): pid:na memory, per-process utilization samples and MIG devices
  * (mig_uuids) follow the same rule: without their keys every call answers as before.
+ * GPM and full MIG devices (issue 13: gpm*, gi.<gi>.gpm*, mig_devices, mig_mode) too; the
+ * old-driver build exports no nvmlGpm* symbol.
  */
 #define _GNU_SOURCE
 #ifdef FAKE_WITH_NVML_H
