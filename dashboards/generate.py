@@ -207,6 +207,12 @@ def fleet() -> dict[str, Any]:
     lay.add(panel("bargauge", "VRAM pressure", [target(VRAM_RATIO, GPU_LEGEND, instant=True)], "percentunit",
                   min=0, max=1, thresholds=thresholds((None, "green"), (0.9, "orange"), (0.97, "red"))), 12, 8)
     lay.add(ts("GPU utilization", [(f"resmon_gpu_utilization_ratio{{{GSEL}}}", GPU_LEGEND)], "percentunit", min=0, max=1), 12, 8)
+    lay.add(ts("Tensor-core activity by node", [
+        (f"avg by (job, instance) (resmon_gpu_tensor_active_ratio{{{GSEL}}})", "{{instance}}"),
+    ], "percentunit", min=0, max=1,
+        description="Share of cycles any tensor pipe was active, the mean over the node's GPUs (GPM: Hopper and "
+                    "newer; DCGM_FI_PROF_PIPE_TENSOR_ACTIVE). Nodes without GPM are absent, not 0. The fleet's SM "
+                    "activity is the recording rule job:resmon_gpu_sm_active:avg."), 24, 8)
     lay.row("Pods")
     pods = panel("table", "Pods by VRAM", [
         target(f"sum by (instance, namespace, pod) ({POD_MEM})", "", "A", instant=True, table=True),
@@ -258,6 +264,46 @@ def node() -> dict[str, Any]:
     ], "percentunit", min=0, max=1,
        description="The gauges are the driver's latest sample period; 'busy' is the busy time between Prometheus "
                    "samples, from the driver's sample buffers, so short bursts are not lost."), 12, 8)
+    lay.row("Profiling")
+    lay.add(ts("SM active vs occupancy vs tensor vs DRAM", [
+        (f"resmon_gpu_sm_active_ratio{{{GSEL}}}", GPU_LEGEND + " SM active"),
+        (f"resmon_gpu_sm_occupancy_ratio{{{GSEL}}}", GPU_LEGEND + " SM occupancy"),
+        (f"resmon_gpu_tensor_active_ratio{{{GSEL}}}", GPU_LEGEND + " tensor"),
+        (f"resmon_gpu_dram_active_ratio{{{GSEL}}}", GPU_LEGEND + " DRAM"),
+        (f"resmon_gpu_mig_sm_active_ratio{{{GSEL}}}", GPU_LEGEND + " GI {{gpu_instance_id}} SM active"),
+        (f"resmon_gpu_mig_tensor_active_ratio{{{GSEL}}}", GPU_LEGEND + " GI {{gpu_instance_id}} tensor"),
+    ], "percentunit", min=0, max=1,
+        description="GPM (Hopper and newer), over windows of at least 1 s. Utilization says a kernel was running; "
+                    "SM active says how many SMs had work, occupancy how full they were, tensor and DRAM how busy "
+                    "the tensor pipes and memory were. GI: per MIG GPU instance. Absent on GPUs without GPM."), 12, 8)
+    lay.add(ts("PCIe and NVLink bandwidth", [
+        (f"resmon_gpu_pcie_bandwidth_bytes_per_second{{{GSEL}}}", GPU_LEGEND + " PCIe {{direction}}"),
+        (f"resmon_gpu_nvlink_bandwidth_bytes_per_second{{{GSEL}}}", GPU_LEGEND + " NVLink {{direction}}"),
+        (f"resmon_gpu_mig_pcie_bandwidth_bytes_per_second{{{GSEL}}}", GPU_LEGEND + " GI {{gpu_instance_id}} PCIe {{direction}}"),
+    ], "Bps", min=0, description="GPM bandwidths (DCGM_FI_PROF_PCIE_TX/RX_BYTES, DCGM_FI_PROF_NVLINK_TX/RX_BYTES)."), 12, 8)
+    mig = panel("table", "MIG instances", [
+        target(f"resmon_gpu_mig_info{{{GSEL}}}", "", "A", instant=True, table=True),
+        target(f"resmon_gpu_mig_memory_used_bytes{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
+               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "B", instant=True, table=True),
+        target(f"resmon_gpu_mig_memory_total_bytes{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
+               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "C", instant=True, table=True),
+        target(f"resmon_gpu_mig_sm_active_ratio{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
+               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "D", instant=True, table=True),
+    ], description="One row per MIG device (compute instance): its GPU and compute instance, profile and MIG UUID, "
+                   "and its GPU instance's memory and SM activity (shared by the instance's compute instances).")
+    mig["transformations"] = [
+        {"id": "merge", "options": {}},
+        {"id": "organize", "options": {
+            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "job": True},
+            "indexByName": {"instance": 0, "gpu": 1, "gpu_instance_id": 2, "compute_instance_id": 3, "profile": 4,
+                            "mig_uuid": 5, "Value #B": 6, "Value #C": 7, "Value #D": 8},
+            "renameByName": {"Value #B": "GI memory used", "Value #C": "GI memory", "Value #D": "GI SM active"}}},
+    ]
+    mig["fieldConfig"]["overrides"] = [
+        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+        for name, unit in (("GI memory used", "bytes"), ("GI memory", "bytes"), ("GI SM active", "percentunit"))
+    ]
+    lay.add(mig, 24, 7)
     lay.row("Who uses the GPU")
     lay.add(ts("VRAM by process", [(who(PROC_MEM), GPU_LEGEND + " {{who}}")], "bytes", min=0,
                description="VRAM each process holds (group-by=container: each container), named by its pod where the "

@@ -152,6 +152,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.health", True, _bool, "Enable the GPU health collector (ECC, retired pages, remapped rows, recovery action).", boolean=True),
     Flag("collector.xid", True, _bool, "Enable the XID error event collector (one NVML event thread).", boolean=True),
     Flag("collector.nvlink", True, _bool, "Enable the NVLink collector (inactive on GPUs without links).", boolean=True),
+    Flag("collector.profiling", True, _bool, "Enable GPM profiling ratios and bandwidths (Hopper and newer; absent elsewhere).", boolean=True),
+    Flag("collector.mig", True, _bool, "Enable MIG mode and per-instance series (inactive while no GPU has MIG).", boolean=True),
     Flag("collector.processes", False, _bool, "Enable per-process GPU memory and utilization (process names and users become visible to scrapers).", boolean=True),
     Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
     Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory."),
@@ -184,6 +186,8 @@ class Config:
     collector_health: bool
     collector_xid: bool
     collector_nvlink: bool
+    collector_profiling: bool
+    collector_mig: bool
     collector_processes: bool
     collector_processes_group_by: str
     collector_processes_max_per_gpu: int
@@ -305,6 +309,8 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
             collect_health=config.collector_health,
             collect_nvlink=config.collector_nvlink,
             collect_xid=config.collector_xid,
+            collect_profiling=config.collector_profiling,
+            collect_mig=config.collector_mig,
             collect_processes=config.collector_processes,
             processes_group_by=config.collector_processes_group_by,
             processes_max_per_gpu=config.collector_processes_max_per_gpu,

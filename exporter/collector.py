@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import health_collector, process_collector
+from . import health_collector, process_collector, profiling_collector
 from .monitor import ResourceMonitor
 from .samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 from .series import GPU_LABELS
@@ -89,6 +89,7 @@ FAMILIES: dict[str, str] = {
     "resmon_gpu_clock_max_hertz": "gauge",
     "resmon_gpu_throttle_active": "gauge",
     **health_collector.FAMILIES,
+    **profiling_collector.FAMILIES,
     **process_collector.FAMILIES,
     "resmon_cpu_utilization_ratio": "gauge",
     "resmon_cpu_seconds_total": "counter",
@@ -178,6 +179,7 @@ def gpu_families(snap: Snapshot) -> Iterator[Metric]:
     yield clock_max
     yield throttle
     yield from health_collector.families(reading, up_devices, labels)
+    yield from profiling_collector.families(reading, up_devices, labels)
 
     backend = GaugeMetricFamily(
         "resmon_gpu_backend_info", "The GPU backend in use, value 1.", labels=["backend"]

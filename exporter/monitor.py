@@ -194,7 +194,7 @@ class ResourceMonitor:
     memory_threshold and cpu_threshold (percent) keep the Mai assistant's
     is_system_overloaded() working; the keyword arguments match the CLI flags. backend: a
     GpuBackend object to use instead of gpu_backend. collect_health / collect_nvlink /
-    collect_xid: the collectors read along with the GPUs (NVML only). collect_processes:
+    collect_xid / collect_profiling / collect_mig: the collectors read along with the GPUs (NVML only). collect_processes:
     per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
     processes_group_by / processes_max_per_gpu for /metrics). sysfs: where sysfs is mounted
     (the amdgpu backend reads it; the host's /sys in a container). collect_kubernetes: the
@@ -218,6 +218,8 @@ class ResourceMonitor:
         collect_health: bool = True,
         collect_nvlink: bool = True,
         collect_xid: bool = True,
+        collect_profiling: bool = True,
+        collect_mig: bool = True,
         collect_processes: bool = False,
         processes_group_by: str = "process",
         processes_max_per_gpu: int = 64,
@@ -237,7 +239,8 @@ class ResourceMonitor:
         if collect_gpu and backend is None:
             options = GpuOptions(
                 health=collect_health, nvlink=collect_nvlink, xid=collect_xid,
-                processes=collect_processes, mig_devices=collect_kubernetes, sysfs=sysfs,
+                processes=collect_processes, profiling=collect_profiling, mig=collect_mig,
+                mig_devices=collect_kubernetes, sysfs=sysfs,
             )
             backend = make_backend(gpu_backend, self._log, collect_timeout, options)
         self._backend: GpuBackend | None = backend if collect_gpu else None

@@ -43,6 +43,25 @@ CLOCK_EVENT_REASONS: tuple[str, ...] = (
 # Engines of resmon_gpu_process_utilization_ratio, with their nvmlProcessUtilizationSample_t fields.
 PROCESS_ENGINES: tuple[tuple[str, str], ...] = (("sm", "smUtil"), ("memory", "memUtil"), ("encoder", "encUtil"), ("decoder", "decUtil"))
 
+# Profiling (GPM) ratio families resmon_gpu_<name>_ratio with their GPM metric ids.
+PROFILING_RATIOS: tuple[tuple[str, int], ...] = (
+    ("graphics_active", 1),
+    ("sm_active", 2),
+    ("sm_occupancy", 3),
+    ("tensor_active", 5),
+    ("dram_active", 10),
+    ("fp64_active", 11),
+    ("fp32_active", 12),
+    ("fp16_active", 13),
+)
+# Profiling bandwidths resmon_gpu_<link>_bandwidth_bytes_per_second{direction}: (link, direction, GPM id).
+PROFILING_BANDWIDTHS: tuple[tuple[str, str, int], ...] = (
+    ("pcie", "transmit", 20),
+    ("pcie", "receive", 21),
+    ("nvlink", "transmit", 61),
+    ("nvlink", "receive", 60),
+)
+
 CPU_MODES: tuple[str, ...] = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
@@ -79,6 +98,45 @@ class NvLinkSample:
     active: int | None = None
     bytes: tuple[tuple[str, int], ...] = ()  # (direction: transmit|receive, bytes since driver load)
     errors: tuple[tuple[str, int], ...] = ()  # (type: replay|recovery|crc_flit|crc_data, count)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingSample:
+    """GPM values of one GPU or GPU instance over one window; an unsupported metric is left out."""
+
+    ratios: tuple[tuple[str, float], ...] = ()  # (PROFILING_RATIOS name, 0..1)
+    bandwidths: tuple[tuple[str, str, float], ...] = ()  # (pcie|nvlink, transmit|receive, bytes/s)
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device (compute instance) of a GPU in MIG mode."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    uuid: str  # MIG-...
+    profile: str  # e.g. 1g.18gb; empty where the name does not say
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One GPU instance: its memory (shared by its compute instances) and its GPM values."""
+
+    gpu_instance_id: int
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    profiling: ProfilingSample | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigState:
+    """MIG mode and instances of one MIG-capable GPU (None on a GPU without MIG)."""
+
+    current: int | None = None  # 1 enabled, 0 disabled
+    pending: int | None = None
+    devices: tuple[MigDevice, ...] = ()
+    instances: tuple[MigInstance, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +186,8 @@ class GpuSample:
     nvlinks: tuple[NvLinkSample, ...] = ()  # empty: no links, or the nvlink collector is off
     process_list: tuple[GpuProcess, ...] | None = None  # None: processes collector off, or no list
     mig_uuids: tuple[str, ...] = ()  # UUIDs of the MIG devices while MIG is on (kubernetes device ids)
+    profiling: ProfilingSample | None = None  # None: collector off, no GPM, or no window yet
+    mig: MigState | None = None  # None: mig collector off, or a GPU without MIG
 
 
 def in_order(samples: Iterable[GpuSample]) -> tuple[GpuSample, ...]:

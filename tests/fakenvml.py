@@ -91,8 +91,42 @@ Without them every call answers as before:
                                    as the parent GPU. Unset: GetMigMode, GetMaxMigDeviceCount and
                                    GetMigDeviceHandleByIndex NOT_SUPPORTED, IsMigDeviceHandle 0.
 
+GPM and MIG keys (issue 13), per GPU as gpu.<i>.<key>. Without them every call answers as before
+(GPM support 0; the old-driver build exports no nvmlGpm* symbol):
+
+    gpm=0|1                        nvmlGpmQueryDeviceSupport isSupportedDevice (SUCCESS either way);
+                                   0: nvmlGpmSampleGet / MigSampleGet NOT_SUPPORTED
+    gpm.<id>=<value>|nan|window    GPM metric <id> (< 128) of the whole GPU, percent or MiB/s: the
+                                   sample counters grow at value per second (in integer
+                                   milli-units), so MetricsGet answers exactly <value> over any
+                                   window while it is constant, and the time-weighted mix across a
+                                   change (counters run at the old rates until the reload). nan:
+                                   NaN; window: the window itself in seconds. Unset: that entry
+                                   NOT_SUPPORTED
+    gpm_rc.<id>=<rc>               that entry's own nvmlReturn
+    gi.<gi>.gpm.<id>=..., gi.<gi>.gpm_rc.<id>=...   the same for GPU instance <gi> (< 16), read by
+                                   nvmlGpmMigSampleGet(parent, gi): NOT_FOUND unless a present MIG
+                                   device belongs to <gi>. MetricsGet: INVALID_ARGUMENT for samples
+                                   of different GPUs or instances, no time between them, a freed
+                                   or foreign sample, version != 1 or numMetrics > 477
+                                   Samples: calloc'd by nvmlGpmSampleAlloc, counted; one still
+                                   allocated at the last nvmlShutdown is reported on stderr
+                                   ("fake-nvml: N GPM samples still allocated at nvmlShutdown")
+    mig_devices=<gi>:<ci>:<profile>:<uuid>:<mem_total>:<mem_used>|empty|invalid,...
+                                   MIG on with full MIG devices (at most 8 slots): MaxMigDeviceCount
+                                   = the slots, HandleByIndex on "empty" NOT_FOUND, on "invalid"
+                                   INVALID_ARGUMENT; on a MIG handle GetGpuInstanceId /
+                                   GetComputeInstanceId the ids, GetName "<parent name> MIG
+                                   <profile>", GetMemoryInfo (v1, v2: reserved 0) its memory,
+                                   GetBAR1MemoryInfo 32 MiB, GetUUID the uuid; other calls as for
+                                   mig_uuids. The parent refuses what MIG mode refuses:
+                                   UtilizationRates, Encoder/DecoderUtilization, GetSamples,
+                                   GetProcessUtilization NOT_SUPPORTED (mig_uuids alone: unchanged)
+    mig_mode=<current>:<pending>   GetMigMode answer (default 1:1 with mig_uuids / mig_devices;
+                                   alone: a MIG-capable GPU, 0:0 = MIG off, no MIG device)
+
 Boards built from these keys: tests/scenarios.py hopper_board, volta_board, consumer_board,
-health_machine (the exact values are constants there).
+health_machine, profiling_machine (the exact values are constants there).
 
 With $FAKE_NVML_TRACE set, every call appends "<symbol> <device index>" to that file.
 $FAKE_NVML_EVENT_POLL_MS (default 10): how often a blocked nvmlEventSetWait re-reads the

@@ -30,7 +30,7 @@ NOT_THROTTLING = 0x1 | 0x2 | 0x100
 SW_POWER_CAP = 0x4
 # GPUs over 90 % VRAM: (node, gpu)
 PRESSURE = {(7, 5), (19, 2), (22, 0)}
-# nodes whose GPUs are H100 boards answering the health families (ECC, remapping, NVLink, XID)
+# nodes whose GPUs are H100 boards answering the health families (ECC, remapping, NVLink, XID) and GPM
 HEALTH_NODES = {1, 13}
 # the node whose GPU 0 is used by a pod and a host process (processes and kubernetes collectors)
 PODS_NODE = 3
@@ -80,10 +80,21 @@ class Gpu:
         """Active reasons the dashboards count (of the 9 the fake supports)."""
         return bin(self.reasons & 0x1FF & ~NOT_THROTTLING).count("1")
 
+    @property
+    def sm_active(self) -> float | None:
+        """GPM SM activity in percent: the H100 boards only (GPM, Hopper and newer)."""
+        return 10 + (self.node * 8 + self.index) * 13 % 80 if self.health else None
+
+    @property
+    def tensor_active(self) -> float | None:
+        return 5 + (self.node * 8 + self.index) * 11 % 60 if self.health else None
+
     def keys(self) -> dict[str, Any]:
         from scenarios import hopper_board
 
         base = hopper_board(self.index) if self.health else {}
+        if self.health:
+            base.update(gpu_keys(self.index, gpm=1, gpm__2=self.sm_active, gpm__5=self.tensor_active))
         return {**base, **gpu_keys(
             self.index, name=self.name, uuid=self.uuid, pci_bus_id=self.pci_bus_id, memory_total=self.memory_total,
             memory_used=self.memory_used, memory_reserved=self.memory_reserved, util_gpu=self.util,

@@ -212,17 +212,21 @@ def _board_uuid(family: int, index: int) -> str:
 
 
 HOPPER_UUID_FAMILY, VOLTA_UUID_FAMILY, CONSUMER_UUID_FAMILY = 0x48100000, 0x56100000, 0x40900000
+H200_UUID_FAMILY, A100_UUID_FAMILY = 0x48200000, 0xA1000000
 HOPPER_PCI_BUS, VOLTA_PCI_BUS, CONSUMER_PCI_BUS = 0x18, 0x3B, 0x81  # bus of index 0; index i adds i
+H200_PCI_BUS, A100_PCI_BUS = 0x9A, 0xC1
 
 
 def board_uuid(board: str, index: int) -> str:
-    """The UUID a preset gives GPU `index` (board: hopper, volta, consumer)."""
-    family = {"hopper": HOPPER_UUID_FAMILY, "volta": VOLTA_UUID_FAMILY, "consumer": CONSUMER_UUID_FAMILY}[board]
+    """The UUID a preset gives GPU `index` (board: hopper, volta, consumer, h200, a100)."""
+    family = {"hopper": HOPPER_UUID_FAMILY, "volta": VOLTA_UUID_FAMILY, "consumer": CONSUMER_UUID_FAMILY,
+              "h200": H200_UUID_FAMILY, "a100": A100_UUID_FAMILY}[board]
     return _board_uuid(family, index)
 
 
 def board_pci_bus_id(board: str, index: int) -> str:
-    bus = {"hopper": HOPPER_PCI_BUS, "volta": VOLTA_PCI_BUS, "consumer": CONSUMER_PCI_BUS}[board] + index
+    bus = {"hopper": HOPPER_PCI_BUS, "volta": VOLTA_PCI_BUS, "consumer": CONSUMER_PCI_BUS,
+           "h200": H200_PCI_BUS, "a100": A100_PCI_BUS}[board] + index
     return f"00000000:{bus & 0xFF:02X}:00.0"
 
 
@@ -354,4 +358,65 @@ def health_machine() -> dict[str, Any]:
         **hopper_board(0),
         **volta_board(1),
         **consumer_board(2),
+    }
+
+
+# -- profiling (GPM) and MIG (issue 13) ------------------------------------------------------
+# GPU 0: an H100 with MIG on (two GPU instances, three compute instances, an empty and an
+# invalid slot; the parent refuses GPM and utilization, as in MIG mode); GPU 1: an H200
+# without MIG (every GPM family, one clamped, one NaN, one per-metric error); GPU 2: an A100
+# (MIG-capable, MIG off; no GPM: its support query says 0).
+H200_NAME = "NVIDIA H200"
+A100_NAME = "NVIDIA A100-SXM4-80GB"
+# GPM metric id -> value in the scenario (percent or MiB/s)
+H200_GPM: dict[int, Any] = {1: 62.5, 2: 55.25, 3: 31.5, 5: 40, 10: 120, 11: "nan", 12: 20, 13: 7, 20: 1500, 21: 750.5, 60: 20000, 61: 25000}
+H200_GPM_RC = {13: 999}  # fp16: a per-metric error
+# what the exporter must serve for the H200: family -> value (fp64 NaN, fp16 error: absent; dram clamped)
+H200_RATIOS = {"graphics_active": 0.625, "sm_active": 0.5525, "sm_occupancy": 0.315, "tensor_active": 0.4,
+               "dram_active": 1.0, "fp32_active": 0.2}
+H200_BANDWIDTHS = {("pcie", "transmit"): 1500 * MIB, ("pcie", "receive"): 750.5 * MIB,
+                   ("nvlink", "transmit"): 25000 * MIB, ("nvlink", "receive"): 20000 * MIB}
+# MIG devices of GPU 0, slot by slot: (gi, ci, profile, uuid) or None for an empty ("empty": NOT_FOUND) slot
+MIG_UUIDS = {(1, 0): "MIG-4a1b0000-0000-5000-8000-000000000001", (1, 1): "MIG-4a1b0000-0000-5000-8000-000000000002",
+             (2, 0): "MIG-4a1b0000-0000-5000-8000-000000000003"}
+MIG_PROFILES = {(1, 0): "2c.4g.40gb", (1, 1): "2c.4g.40gb", (2, 0): "3g.40gb"}
+MIG_MEMORY = {1: (40 * GIB, 5 * GIB), 2: (40 * GIB, 12 * GIB)}  # GPU instance -> (total, used)
+MIG_GPM: dict[int, dict[int, Any]] = {1: {2: 70, 3: 35, 5: 60, 10: 45, 20: 100}, 2: {2: 20, 5: 5, 21: "window"}}
+MIG_RATIOS = {1: {"sm_active": 0.7, "sm_occupancy": 0.35, "tensor_active": 0.6, "dram_active": 0.45}, 2: {"sm_active": 0.2, "tensor_active": 0.05}}
+
+
+def mig_slots(uuids: dict[tuple[int, int], str] | None = None, profiles: dict[tuple[int, int], str] | None = None,
+              memory: dict[int, tuple[int, int]] | None = None) -> str:
+    """The mig_devices key: the instances in GI/CI order with an empty slot after the first
+    and an invalid one after the second."""
+    uuids, profiles, memory = uuids or MIG_UUIDS, profiles or MIG_PROFILES, memory or MIG_MEMORY
+    entries = []
+    for n, (gi, ci) in enumerate(sorted(uuids)):
+        total, used = memory[gi]
+        entries.append(f"{gi}:{ci}:{profiles[(gi, ci)]}:{uuids[(gi, ci)]}:{total}:{used}")
+        if n == 0:
+            entries.append("empty")
+        if n == 1:
+            entries.append("invalid")
+    return ",".join(entries)
+
+
+def gpm_keys(prefix: str, values: dict[int, Any], rcs: dict[int, int] | None = None) -> dict[str, Any]:
+    return {**{f"{prefix}gpm.{mid}": v for mid, v in values.items()}, **{f"{prefix}gpm_rc.{mid}": rc for mid, rc in (rcs or {}).items()}}
+
+
+def profiling_machine() -> dict[str, Any]:
+    """Three GPUs: 0 an H100 with MIG, 1 an H200 with GPM and no MIG, 2 an A100 (no GPM, MIG off)."""
+    return {
+        "count": 3,
+        **hopper_board(0),
+        "gpu.0.gpm": 1,
+        "gpu.0.rc.nvmlGpmSampleGet": NOT_SUPPORTED,  # the parent in MIG mode: per GPU instance only
+        "gpu.0.mig_devices": mig_slots(),
+        **{k: v for gi, values in MIG_GPM.items() for k, v in gpm_keys(f"gpu.0.gi.{gi}.", values).items()},
+        **gpu_keys(1, name=H200_NAME, uuid=board_uuid("h200", 1), pci_bus_id=board_pci_bus_id("h200", 1),
+                   memory_total=141 * GIB, util_gpu=90, gpm=1),
+        **gpm_keys("gpu.1.", H200_GPM, H200_GPM_RC),
+        **gpu_keys(2, name=A100_NAME, uuid=board_uuid("a100", 2), pci_bus_id=board_pci_bus_id("a100", 2),
+                   memory_total=80 * GIB, util_gpu=33, cuda_cc="8.0", mig_mode="0:0"),
     }

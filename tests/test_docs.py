@@ -9,7 +9,7 @@ import shutil
 from exporter.collector import FAMILIES
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
-from scenarios import board_uuid, health_machine
+from scenarios import board_uuid, health_machine, profiling_machine
 
 DOC = REPO / "docs" / "metrics.md"
 SPEC = REPO.parent / "shared" / "spec" / "metrics.md"
@@ -51,9 +51,11 @@ def test_docs_match_a_full_scrape(run_exporter, scenario, tmp_path):
 
     amd = run_exporter("--gpu.backend=amdgpu", f"--path.sysfs={standard(tmp_path / 'sys').root}", "--no-collector.kubernetes").scrape()
     amd_served = {name for name in amd.samples if name.startswith("resmon_")}
+    prof = _profiling_scrape(run_exporter, scenario)
+    prof_served = {name for name in prof.samples if name.startswith("resmon_")}
     rows = doc_rows()
-    assert served | amd_served == set(rows), (served | amd_served) ^ set(rows)
-    for scrape in (s, amd):
+    assert served | amd_served | prof_served == set(rows), (served | amd_served | prof_served) ^ set(rows)
+    for scrape in (s, amd, prof):
         for name, (kind, labels) in rows.items():
             if name not in scrape.samples:
                 continue
@@ -61,6 +63,16 @@ def test_docs_match_a_full_scrape(run_exporter, scenario, tmp_path):
             assert family.type == kind, name
             for sample_labels, _ in scrape.series(name):
                 assert set(sample_labels) == labels, (name, sample_labels)
+
+
+def _profiling_scrape(run_exporter, scenario):
+    """The profiling and mig families: the MIG machine, with every GPM metric answered
+    somewhere (the H200's fp64 and fp16, every metric of GPU instance 1)."""
+    every = {1: 10, 2: 20, 3: 30, 5: 40, 10: 50, 11: 60, 12: 70, 13: 80, 20: 90, 21: 100, 60: 110, 61: 120}
+    scenario.write({**profiling_machine(), "gpu.1.gpm.11": 5, "gpu.1.gpm_rc.13": 0,
+                    **{f"gpu.0.gi.1.gpm.{mid}": v for mid, v in every.items()}})
+    exporter = run_exporter("--no-collector.kubernetes")
+    return exporter.wait_for(lambda s: s.has("resmon_gpu_fp16_active_ratio") and s.has("resmon_gpu_mig_fp16_active_ratio"))
 
 
 def _full_scrape(run_exporter, scenario, socket_path: str):

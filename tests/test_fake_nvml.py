@@ -836,3 +836,121 @@ def test_without_the_new_keys_every_answer_is_as_before(nvml, capfd):
     assert pynvml.nvmlDeviceGetUUID(handles[1]) == values["gpu.1.uuid"]
     raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetUUID, ctypes.c_void_p(12345))  # a bogus handle, as before
     assert "ignoring unknown scenario key" not in capfd.readouterr().err
+
+
+# -- GPM and MIG instances (issue 13), in-process through the real pynvml ---------------------
+
+
+def gpm_metrics(first, second, ids):
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(ids)
+    request.sample1, request.sample2 = first, second
+    for i, mid in enumerate(ids):
+        request.metrics[i].metricId = mid
+    pynvml.nvmlGpmMetricsGet(request)
+    return {request.metrics[i].metricId: (request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(len(ids))}
+
+
+def test_gpm_support_samples_and_exact_deltas(nvml):
+    h0, h1 = nvml({"count": 2, "gpu.0.gpm": 1, "gpu.0.gpm.2": 37.5, "gpu.0.gpm.20": 1234.5, "gpu.0.gpm.3": "nan",
+                   "gpu.0.gpm.5": 40, "gpu.0.gpm_rc.5": 999, "gpu.0.gpm.21": "window"})
+    assert pynvml.nvmlGpmQueryDeviceSupport(h0).isSupportedDevice == 1
+    assert pynvml.nvmlGpmQueryDeviceSupport(h1).isSupportedDevice == 0  # pre-Hopper: SUCCESS with 0
+    a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    before = nvml.trace.counts()
+    raises(NOT_SUPPORTED, pynvml.nvmlGpmSampleGet, h1, a)
+    pynvml.nvmlGpmSampleGet(h0, a)
+    raises(INVALID_ARGUMENT, gpm_metrics, a, a, [2])  # no time between the two
+    time.sleep(0.05)
+    pynvml.nvmlGpmSampleGet(h0, b)
+    got = gpm_metrics(a, b, [2, 20, 3, 5, 21, 1, 400])
+    assert got[2] == (SUCCESS, 37.5) and got[20] == (SUCCESS, 1234.5)  # exact, whatever the window
+    assert got[3][0] == SUCCESS and got[3][1] != got[3][1]  # NaN
+    assert got[5][0] == 999 and got[1][0] == NOT_SUPPORTED and got[400][0] == NOT_SUPPORTED
+    assert 0.05 <= got[21][1] < 5  # the window in seconds
+    # a rate change mid-window: each part at its own rate (the counters ran at the old one until the reload)
+    nvml({"count": 2, "gpu.0.gpm": 1, "gpu.0.gpm.2": 80})
+    time.sleep(0.05)
+    pynvml.nvmlGpmSampleGet(h0, a)
+    mixed = gpm_metrics(b, a, [2])[2][1]
+    assert 37.5 < mixed < 80
+    for s in (a, b):
+        pynvml.nvmlGpmSampleFree(s)
+    after = nvml.trace.counts()
+    assert after["nvmlGpmSampleAlloc"] - before["nvmlGpmSampleAlloc"] == 0
+    assert after["nvmlGpmSampleFree"] - before["nvmlGpmSampleFree"] == 2
+    raises(INVALID_ARGUMENT, pynvml.nvmlGpmSampleGet, h0, ctypes.cast(ctypes.c_void_p(0), pynvml.c_nvmlGpmSample_t))
+
+
+def test_mig_devices_with_instances_profiles_memory_and_empty_slots(nvml):
+    values = {**sc.profiling_machine(), "gpu.0.rc.nvmlGpmSampleGet": None}
+    values = {k: v for k, v in values.items() if v is not None}
+    h0, h1, h2 = nvml(values)
+    assert pynvml.nvmlDeviceGetMigMode(h0) == [1, 1] and pynvml.nvmlDeviceGetMigMode(h2) == [0, 0]
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetMigMode, h1)
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h0) == 5 and pynvml.nvmlDeviceGetMaxMigDeviceCount(h2) == 0
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h0, 1)  # the empty slot
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h0, 3)  # the invalid one
+    migs = [pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, i) for i in (0, 2, 4)]
+    got = {(pynvml.nvmlDeviceGetGpuInstanceId(m), pynvml.nvmlDeviceGetComputeInstanceId(m)): m for m in migs}
+    assert {k: pynvml.nvmlDeviceGetUUID(m) for k, m in got.items()} == sc.MIG_UUIDS
+    for (gi, ci), m in got.items():
+        assert pynvml.nvmlDeviceGetName(m) == f"{sc.HOPPER_NAME} MIG {sc.MIG_PROFILES[(gi, ci)]}"
+        memory = pynvml.nvmlDeviceGetMemoryInfo(m, version=pynvml.nvmlMemory_v2)
+        assert (memory.total, memory.used, memory.free) == (*sc.MIG_MEMORY[gi], sc.MIG_MEMORY[gi][0] - sc.MIG_MEMORY[gi][1])
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetGpuInstanceId, h0)  # a GPU is no MIG device
+    # MIG-mode refusals on the parent; the rest still answers
+    for name, args in (("nvmlDeviceGetUtilizationRates", ()), ("nvmlDeviceGetEncoderUtilization", ()),
+                       ("nvmlDeviceGetDecoderUtilization", ()), ("nvmlDeviceGetSamples", (1, 0)),
+                       ("nvmlDeviceGetProcessUtilization", (0,))):
+        raises(NOT_SUPPORTED, getattr(pynvml, name), h0, *args)
+    assert pynvml.nvmlDeviceGetUtilizationRates(h2).gpu == 33 and pynvml.nvmlDeviceGetTemperature(h0, 0) > 0
+    # GPM per GPU instance on the parent; an unknown instance is NOT_FOUND
+    a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    raises(NOT_FOUND, pynvml.nvmlGpmMigSampleGet, h0, 5, a)
+    pynvml.nvmlGpmMigSampleGet(h0, 1, a)
+    time.sleep(0.02)
+    pynvml.nvmlGpmMigSampleGet(h0, 1, b)
+    assert gpm_metrics(a, b, [2])[2] == (SUCCESS, 70.0)
+    pynvml.nvmlGpmMigSampleGet(h0, 2, b)
+    raises(INVALID_ARGUMENT, gpm_metrics, a, b, [2])  # two GPU instances' samples do not diff
+    for s in (a, b):
+        pynvml.nvmlGpmSampleFree(s)
+
+
+@pytest.mark.parametrize("tool", ["gpustat", "nvitop"])
+def test_gpustat_and_nvitop_accept_the_mig_machine(fake_libs, scenario, tool):
+    scenario.write(sc.profiling_machine())
+    command = [_tool("gpustat"), "--json"] if tool == "gpustat" else [_tool("nvitop"), "-1"]
+    result = subprocess.run(command, env={**nvml_env(fake_libs["current"], scenario), "COLUMNS": "160"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    if tool == "gpustat":
+        assert result.stderr == ""
+        data = json.loads(result.stdout)
+        assert [g["name"] for g in data["gpus"]] == [sc.HOPPER_NAME, sc.H200_NAME, sc.A100_NAME]
+        assert data["gpus"][0]["utilization.gpu"] is None  # refused in MIG mode
+        assert data["gpus"][1]["utilization.gpu"] == 90
+    else:
+        assert "ERROR" not in result.stdout + result.stderr
+        assert "MIG" in result.stdout  # nvitop shows the MIG mode / devices
+        for short in ("H100 80GB HBM3", "H200", "A100-SXM4-80GB"):
+            assert short in result.stdout
+
+
+GPM_SYMBOLS = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
+               "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet")
+
+
+def test_gpm_symbols_only_in_the_current_build_mig_instance_ids_in_both(fake_libs):
+    if shutil.which("readelf") is None:
+        pytest.fail("readelf missing (binutils)")
+    for build in ("current", "old"):
+        syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(fake_libs[build] / "libnvidia-ml.so.1")],
+                              capture_output=True, text=True).stdout
+        for symbol in GPM_SYMBOLS:
+            assert (f" {symbol}\n" in syms) == (build == "current"), (build, symbol)
+        for symbol in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+            assert f" {symbol}\n" in syms, (build, symbol)

@@ -193,7 +193,7 @@ def per_node(fleet: Fleet, value: Any, **extra: str) -> Expected:
 def collectors(m: Member) -> set[str]:
     names = {"gpu", "health", "xid", "host"}  # every fake GPU can report XIDs: the watcher runs
     if any(g.health for g in m.node.gpus):
-        names.add("nvlink")  # inactive on hosts without NVLink
+        names |= {"nvlink", "profiling"}  # inactive on hosts without NVLink, without GPM
     return names | ({"processes", "kubernetes"} if m.node.pods else set())
 
 
@@ -237,6 +237,10 @@ def panel_expectations(fleet: Fleet) -> dict[tuple[str, str], Expected]:
         ("GPUs", "L"): per_gpu(fleet, lambda g: 0, where=health),
         ("VRAM pressure", "A"): per_gpu(fleet, lambda g: g.vram_ratio),
         ("GPU utilization", "A"): per_gpu(fleet, lambda g: g.util / 100),
+        # GPM nodes only (the H100 boards); the rest have no series, not 0
+        ("Tensor-core activity by node", "A"): {
+            key({"job": JOB, "instance": m.instance}): sum(g.tensor_active for g in m.node.gpus) / len(m.node.gpus) / 100
+            for m in fleet.members if any(g.health for g in m.node.gpus)},
         # only the pods node runs the processes and kubernetes collectors (see tests/gpu_users.py)
         ("Pods by VRAM", "A"): {pod("train-0"): POD_VRAM},
         ("Pods by VRAM", "B"): {pod("train-0"): POD_SM / 100},
@@ -255,6 +259,8 @@ def recording_expectations(fleet: Fleet) -> dict[str, Expected]:
         "gpu:resmon_gpu_memory_used:ratio": per_gpu(fleet, lambda g: g.vram_ratio),
         "instance:resmon_gpu_up:sum": {key({"job": JOB, "instance": m.instance}): len(m.node.gpus)
                                        for m in fleet.members},
+        "job:resmon_gpu_sm_active:avg": {key({"job": JOB}): sum(gpm) / len(gpm) / 100 for gpm in [[
+            g.sm_active for m in fleet.members for g in m.node.gpus if g.sm_active is not None]]},
     }
 
 

@@ -20,6 +20,7 @@ from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from gpu_users import HOST_SM, HOST_VRAM, POD_SM, POD_VRAM, GpuUsers
 from promstack import (RULES, Webhook, alertmanager_config, exprs, free_port, load, need, panels, settle,
                        substitute, wait_until, write_test_rules)
+import scenarios as sc
 from scenarios import three_gpus
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -323,7 +324,7 @@ def test_grafana_provisioning_matches_the_compose_mounts():
 # -- the live stack ----------------------------------------------------------------------------
 
 
-UUID = {i: f"GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000{i}" for i in range(4)}
+UUID = {i: f"GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000{i}" for i in range(5)}
 HW_THERMAL_SHARE = 0.5  # GPU 0's hardware thermal slowdown counter grows 0.5 s per second
 
 
@@ -338,9 +339,11 @@ def stack_machine() -> dict[str, Any]:
     GPU 2, the L4 without a utilization gauge: busy only by its sample buffers, x8 of x16.
     GPU 3, a V100 on the violation-status fallback: page retirement pending, ECC (the test
       raises its uncorrectable count), 2 NVLinks.
+    GPU 4, an H100 in MIG mode (scenarios.profiling_machine's MIG devices and GPU instances): the
+      MIG table and the per-instance profiling series; GPU 0 has whole-GPU GPM (the Profiling row).
     XID events are injected by the fixture (GPU 1, XID 13: an application's) and the tests."""
     machine = three_gpus()
-    machine["count"] = 4
+    machine["count"] = 5
     machine["gpu.0.memory_used"] = 76 * GIB  # 95.6 % of 80 GiB in use: VRAM pressure
     machine.update(gpu_keys(
         0, ecc="on", ecc__corrected__volatile=3, ecc__corrected__aggregate=17, row_remapping=1,
@@ -366,6 +369,12 @@ def stack_machine() -> dict[str, Any]:
         violation__0=2_000_000_000, violation__1=600_000_000, violation__2=0, violation__3=0, violation__4=0,
         violation__5=0, pcie_gen=3, pcie_gen_max=3, pcie_width=16, pcie_width_max=16, pcie_replays=0,
     ))
+    machine.update(gpu_keys(0, gpm=1, gpm__2=55, gpm__3=30, gpm__5=40, gpm__10=35, gpm__20=1500, gpm__21=700,
+                            gpm__60=20000, gpm__61=25000))
+    machine.update(gpu_keys(4, name="NVIDIA H100 80GB HBM3", uuid=UUID[4], pci_bus_id="00000000:0D:00.0", gpm=1,
+                            mig_devices=sc.mig_slots(), rc__nvmlGpmSampleGet=sc.NOT_SUPPORTED))
+    for gi, values in sc.MIG_GPM.items():
+        machine.update(sc.gpm_keys(f"gpu.4.gi.{gi}.", values))
     return machine
 
 

@@ -15,7 +15,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
-    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes);
+    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes/
+    profiling/mig);
     mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
     sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend."""
 
@@ -23,6 +24,8 @@ class GpuOptions:
     nvlink: bool = True
     xid: bool = True
     processes: bool = False
+    profiling: bool = True
+    mig: bool = True
     mig_devices: bool = False
     sysfs: str = "/sys"
 

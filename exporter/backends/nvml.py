@@ -39,6 +39,8 @@ from ..samples import (
 )
 from . import GpuOptions, nvml_fields
 from .nvml_busy import BusyIntegrator
+from .nvml_gpm import GpmReader
+from .nvml_mig import MigReader
 from .nvml_health import HealthReader
 from .nvml_xid import XidWatcher
 
@@ -183,15 +185,15 @@ class NvmlBackend:
         self._samples_missing = _optional("nvmlDeviceGetSamples") is None
         self._process_util = _optional("nvmlDeviceGetProcessUtilization")
         self._process_seen: dict[str, int] = {}  # device key -> newest process sample timestamp (µs)
-        self._mig_mode = _Fallback(_optional("nvmlDeviceGetMigMode"))
-        self._mig_count = _Fallback(_optional("nvmlDeviceGetMaxMigDeviceCount"))
-        self._mig_handle = _Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
+        self._mig = MigReader()
+        self._mig_on = False  # a GPU in this read has MIG on: the mig collector is active
         self._busy = BusyIntegrator()
         self._health = HealthReader(log)  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
-        self._part_seconds = {"health": 0.0, "nvlink": 0.0, "processes": 0.0}
+        self._gpm = GpmReader(log) if self._options.profiling else None
+        self._part_seconds = {"health": 0.0, "nvlink": 0.0, "processes": 0.0, "profiling": 0.0, "mig": 0.0}
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
         self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
         self._closing = False
@@ -292,8 +294,9 @@ class NvmlBackend:
                 return
             self._nvml_shutdown()
 
-    @staticmethod
-    def _nvml_shutdown() -> None:
+    def _nvml_shutdown(self) -> None:
+        if self._gpm is not None:
+            self._gpm.free_all()  # GPM samples belong to this init: back before nvmlShutdown
         try:
             pynvml.nvmlShutdown()
         except Exception:  # the library is already gone or never answered: nothing to release
@@ -309,6 +312,7 @@ class NvmlBackend:
             return self._unavailable()
         self._part_seconds = dict.fromkeys(self._part_seconds, 0.0)
         self._watched = {}
+        self._mig_on = False
         try:
             count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
             if count != self._count:  # re-enumerated: an index may now be another device
@@ -363,6 +367,10 @@ class NvmlBackend:
         if self._options.nvlink and self._has_links:
             ok = success and not failed & {"nvlink", "fields"}
             parts.append(PartStatus("nvlink", ok, self._part_seconds["nvlink"]))
+        if self._gpm is not None and self._gpm.active:
+            parts.append(PartStatus("profiling", success and "profiling" not in failed, self._part_seconds["profiling"]))
+        if self._options.mig and self._mig_on:
+            parts.append(PartStatus("mig", success and "mig" not in failed, self._part_seconds["mig"]))
         if self._options.processes:
             parts.append(PartStatus("processes", success and "processes" not in failed, self._part_seconds["processes"]))
         return tuple(parts)
@@ -584,6 +592,12 @@ class NvmlBackend:
             clock = time.perf_counter()
             out["health"] = self._health.health(key, handle, fields)
             self._part_seconds["health"] += time.perf_counter() - clock
+        if self._gpm is not None:
+            clock = time.perf_counter()
+            if self._gpm.supported(key, handle, ask):
+                out["profiling"] = self._gpm.read(key, handle, ask)
+            self._part_seconds["profiling"] += time.perf_counter() - clock
+        out.update(self._read_mig(key, handle))
         if links:
             clock = time.perf_counter()
             out["nvlinks"] = self._health.nvlinks(key, handle, links, fields)
@@ -657,7 +671,7 @@ class NvmlBackend:
         larger of the two entries (the same allocation, reported twice)."""
         compute = self._compute_procs(handle)
         graphics = self._graphics_procs(handle)
-        out: dict[str, Any] = {"mig_uuids": self._mig_uuids(key, handle)} if self._options.mig_devices else {}
+        out: dict[str, Any] = {}
         if compute is None and graphics is None:
             return {**out, "processes": None}
         memory: dict[int, int | None] = {}
@@ -713,17 +727,23 @@ class NvmlBackend:
             )
         return out
 
-    def _mig_uuids(self, key: str, handle: Any) -> tuple[str, ...]:
-        """The MIG devices' UUIDs while MIG is on (device plugins hand these to pods)."""
-        mode = self._health.ask(key, "mig_mode", self._mig_mode, handle)
-        if not mode or int(mode[0]) != 1:  # [current, pending]; 1 = NVML_DEVICE_MIG_ENABLE
-            return ()
-        count = self._health.ask(key, "mig_count", self._mig_count, handle) or 0
-        uuids = []
-        for i in range(int(count)):
-            mig = self._health.ask(key, f"mig_handle.{i}", self._mig_handle, handle, i)
-            if mig is not None:
-                uuid = _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, mig))
-                if uuid:
-                    uuids.append(uuid)
-        return tuple(uuids)
+    def _read_mig(self, key: str, handle: Any) -> dict[str, Any]:
+        """MIG mode and devices: the UUIDs while MIG is on (device plugins hand these to pods;
+        the kubernetes collector resolves them), and with the mig collector the instances."""
+        if not (self._options.mig or self._options.mig_devices):
+            return {}
+        clock = time.perf_counter()
+        ask = self._health.ask
+        out: dict[str, Any] = {}
+        mode = self._mig.mode(key, handle, ask)
+        if mode is not None:
+            def fail() -> None:
+                self._health.fail("mig")
+            migs = self._mig.handles(key, handle, ask, fail) if mode[0] == 1 else []
+            if self._options.mig_devices:
+                out["mig_uuids"] = tuple(self._mig.uuids(migs))
+            if self._options.mig:
+                out["mig"] = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs)
+                self._mig_on = self._mig_on or mode[0] == 1
+        self._part_seconds["mig"] += time.perf_counter() - clock
+        return out

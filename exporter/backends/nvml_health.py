@@ -82,6 +82,10 @@ class HealthReader:
             self._unsupported.pop((key, what), None)
         return value
 
+    def fail(self, part: str) -> None:
+        """A query of `part` failed outside ask(): its collector reports the refresh unsuccessful."""
+        self._failed.add(part)
+
     def take_failures(self) -> set[str]:
         """The parts whose queries failed since the last call (one read)."""
         failed, self._failed = self._failed, set()

@@ -12,13 +12,15 @@
  * Build: gcc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 [-DFAKE_WITH_NVML_H -I<nvml.h dir>]
  *        [-DFAKE_OLD_DRIVER] -o libnvidia-ml.so.1 fake_nvml.c -lpthread
  * FAKE_OLD_DRIVER leaves out the symbols that drivers before R535 lack
- * (MemoryInfo_v2, TemperatureV, ClocksEventReasons, *_RunningProcesses_v3).
+ * (MemoryInfo_v2, TemperatureV, ClocksEventReasons, *_RunningProcesses_v3), and GPM.
  *
  * Health features (ECC, retired pages, remapped rows, NVLink, PCIe link, field values,
  * violation time, sample buffers) follow the scenario-key contract in tests/fakenvml.py;
  * each one answers NOT_SUPPORTED until its keys are set, so old scenarios are unchanged.
  * Processes (issue 11): pid:na memory, per-process utilization samples and MIG devices
  * (mig_uuids) follow the same rule: without their keys every call answers as before.
+ * GPM and full MIG devices (issue 13: gpm*, gi.<gi>.gpm*, mig_devices, mig_mode) too; the
+ * old-driver build exports no nvmlGpm* symbol.
  */
 #define _GNU_SOURCE
 #ifdef FAKE_WITH_NVML_H
@@ -109,7 +111,10 @@ _Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28
     X(nvmlDeviceGetMaxPcieLinkWidth) X(nvmlDeviceGetPcieReplayCounter)                   \
     X(nvmlDeviceGetViolationStatus) X(nvmlDeviceGetSamples)                              \
     X(nvmlEventSetCreate) X(nvmlDeviceRegisterEvents) X(nvmlDeviceGetSupportedEventTypes) \
-    X(nvmlEventSetWait_v2) X(nvmlEventSetWait) X(nvmlEventSetFree)
+    X(nvmlEventSetWait_v2) X(nvmlEventSetWait) X(nvmlEventSetFree)                       \
+    X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleAlloc) X(nvmlGpmSampleFree)              \
+    X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet)                      \
+    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
 
 enum {
 #define X(n) FN_##n,
@@ -127,6 +132,8 @@ static const char *const fn_names[FN_COUNT] = {
 #define MAX_PROCS 512          /* entries of one processes / graphics_processes list */
 #define FAKE_MAX_PUTIL 1024    /* process_util samples per GPU (several may name one pid) */
 #define FAKE_MAX_MIG 8         /* mig_uuids per GPU (7 is the most an A100 / H100 makes) */
+#define FAKE_GPM_IDS 128      /* GPM metric ids the fake models (0..127; higher: NOT_SUPPORTED) */
+#define FAKE_MAX_GI 16         /* GPU instance ids 0..15 (an H100 uses 1..14) */
 #define FAKE_UUID_LEN 96       /* NVML_DEVICE_UUID_V2_BUFFER_SIZE */
 #define MEM_NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL /* usedGpuMemory unknown: pynvml gives None */
 #define UNSET (-1)
@@ -165,6 +172,14 @@ typedef struct {
     double d;
 } fake_field_t;
 
+/* GPM values of one source (a GPU, or one GPU instance): set 1 value in milli-units
+ * (percent or MiB/s), 2 NaN, 3 the window itself in seconds; rc UNSET or that metric's return */
+typedef struct {
+    unsigned char set[FAKE_GPM_IDS];
+    long long milli[FAKE_GPM_IDS];
+    int rc[FAKE_GPM_IDS];
+} fake_gpm_t;
+
 typedef struct {
     char name[96], uuid[96], pci_bus_id[32], serial[32];
     unsigned long long mem_total, mem_used, mem_reserved;
@@ -187,6 +202,13 @@ typedef struct {
     int mig_enabled;           /* mig_uuids present (also when empty: MIG on, no instance) */
     int n_mig;
     char mig_uuid[FAKE_MAX_MIG][FAKE_UUID_LEN];
+    /* mig_devices (the full form): per slot its return (0 present, 6 NOT_FOUND, 2
+     * INVALID_ARGUMENT), GPU / compute instance ids, profile and memory; mig_detail 0: mig_uuids */
+    int mig_detail, mig_current, mig_pending;
+    int mig_slot_rc[FAKE_MAX_MIG];
+    unsigned int mig_gi[FAKE_MAX_MIG], mig_ci[FAKE_MAX_MIG];
+    char mig_profile[FAKE_MAX_MIG][32];
+    unsigned long long mig_mem_total[FAKE_MAX_MIG], mig_mem_used[FAKE_MAX_MIG];
     /* ECC: ecc -1 none, 0 off, 1 on; ecc_count[errorType][counterType] */
     int ecc, ecc_pending;
     unsigned long long ecc_count[2][2];
@@ -205,6 +227,10 @@ typedef struct {
     long long samples_capacity;
     int pattern_len[FAKE_SAMPLE_TYPES];
     unsigned int pattern[FAKE_SAMPLE_TYPES][FAKE_MAX_PATTERN];
+    /* GPM: gpm=1 Hopper and newer */
+    int gpm;
+    fake_gpm_t gpm_dev;                /* gpm.<id>, gpm_rc.<id> */
+    fake_gpm_t gpm_gi[FAKE_MAX_GI];    /* gi.<gi>.gpm.<id>, gi.<gi>.gpm_rc.<id> */
     int rc_all;
     int rc[FN_COUNT];
     int delay_ms[FN_COUNT];
@@ -232,6 +258,7 @@ static struct {
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_init_refs;
+static int g_gpm_live; /* GPM samples allocated and not yet freed */
 static int g_loaded;               /* 0 never, 1 from file, 2 defaults (no file) */
 static struct stat g_scenario_st;
 static int g_trace_fd = -2;
@@ -246,6 +273,7 @@ static int events_key(const char *k, const char *v);              /* top-level k
 static void events_defaults(void);     /* per-reload defaults (before the file is parsed) */
 static void events_after_reload(void); /* after the file was parsed: deliver new injected events */
 static void events_on_shutdown(void);  /* the last nvmlShutdown: every event set is gone */
+static void gpm_advance_all(void);     /* GPM counters run at the old rates until a reload */
 
 static const char *const clock_names[4] = {"graphics", "sm", "memory", "video"};
 
@@ -285,6 +313,11 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->samples_period_ms = UNSET;
     gp->samples_capacity = 100;
     gp->rc_all = UNSET;
+    for (int m = 0; m < FAKE_GPM_IDS; m++) {
+        gp->gpm_dev.rc[m] = UNSET;
+        for (int k = 0; k < FAKE_MAX_GI; k++) gp->gpm_gi[k].rc[m] = UNSET;
+    }
+    gp->mig_current = gp->mig_pending = 1;
     for (int f = 0; f < FN_COUNT; f++) {
         gp->rc[f] = UNSET;
         gp->delay_ms[f] = 0;
@@ -594,6 +627,93 @@ static int parse_health_key(fake_gpu_t *gp, const char *k, const char *v, const 
     return 1;
 }
 
+/* gpm.<id>=<value|nan|window> and gpm_rc.<id>=<rc> into one source: 1 when k is such a key */
+static int parse_gpm_value(fake_gpm_t *src, const char *k, const char *v, const char *full) {
+    int is_rc = strncmp(k, "gpm_rc.", 7) == 0;
+    if (!is_rc && strncmp(k, "gpm.", 4) != 0) return 0;
+    const char *spec = k + (is_rc ? 7 : 4);
+    char *end;
+    unsigned long id = strtoul(spec, &end, 10);
+    if (end == spec || *end != '\0' || id >= FAKE_GPM_IDS) {
+        warn_key(full);
+        return 1;
+    }
+    if (is_rc) {
+        src->rc[id] = (int)strtol(v, NULL, 0);
+        return 1;
+    }
+    if (strcasecmp(v, "nan") == 0) src->set[id] = 2;
+    else if (strcmp(v, "window") == 0) src->set[id] = 3;
+    else {
+        char *e;
+        double x = strtod(v, &e);
+        if (e == v || x < 0) {
+            warn_key(full);
+            return 1;
+        }
+        src->set[id] = 1;
+        src->milli[id] = (long long)(x * 1000.0 + 0.5); /* integer milli-units: exact deltas */
+    }
+    return 1;
+}
+
+/* gpm=0|1, gpm.*, gpm_rc.*, gi.<gi>.gpm.*: 1 when k is a GPM key */
+static int parse_gpm_key(fake_gpu_t *gp, const char *k, const char *v, const char *full) {
+    if (strcmp(k, "gpm") == 0) {
+        gp->gpm = num(v) ? 1 : 0;
+        return 1;
+    }
+    if (strncmp(k, "gi.", 3) == 0) {
+        char *end;
+        unsigned long gi = strtoul(k + 3, &end, 10);
+        if (end == k + 3 || *end != '.' || gi >= FAKE_MAX_GI || !parse_gpm_value(&gp->gpm_gi[gi], end + 1, v, full))
+            warn_key(full);
+        return 1;
+    }
+    return parse_gpm_value(&gp->gpm_dev, k, v, full);
+}
+
+/* mig_devices=<gi>:<ci>:<profile>:<uuid>:<mem_total>:<mem_used>|empty|invalid,... (MIG on;
+ * empty: MIG on, no slot); mig_mode=<current>:<pending> (a MIG-capable GPU, default 1:1) */
+static void parse_mig_devices(fake_gpu_t *gp, const char *v, const char *full) {
+    gp->mig_enabled = 1;
+    gp->mig_detail = 1;
+    gp->n_mig = 0;
+    const char *p = v;
+    while (*p) {
+        while (*p == ' ' || *p == ',') p++;
+        size_t len = strcspn(p, ",");
+        if (len == 0) break;
+        char entry[256];
+        if (gp->n_mig >= FAKE_MAX_MIG || len >= sizeof entry) goto bad;
+        memcpy(entry, p, len);
+        entry[len] = '\0';
+        int n = gp->n_mig;
+        if (strcmp(entry, "empty") == 0) gp->mig_slot_rc[n] = NVML_ERROR_NOT_FOUND;
+        else if (strcmp(entry, "invalid") == 0) gp->mig_slot_rc[n] = NVML_ERROR_INVALID_ARGUMENT;
+        else {
+            char profile[32], uuid[FAKE_UUID_LEN];
+            unsigned int gi, ci;
+            unsigned long long total, used;
+            if (sscanf(entry, "%u:%u:%31[^:]:%95[^:]:%llu:%llu", &gi, &ci, profile, uuid, &total, &used) != 6 || gi >= FAKE_MAX_GI)
+                goto bad;
+            gp->mig_slot_rc[n] = NVML_SUCCESS;
+            gp->mig_gi[n] = gi;
+            gp->mig_ci[n] = ci;
+            copy(gp->mig_profile[n], sizeof gp->mig_profile[n], profile);
+            copy(gp->mig_uuid[n], sizeof gp->mig_uuid[n], uuid);
+            gp->mig_mem_total[n] = total;
+            gp->mig_mem_used[n] = used;
+        }
+        gp->n_mig++;
+        p += len;
+    }
+    return;
+bad:
+    warn_key(full);
+    gp->n_mig = 0;
+}
+
 static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const char *full) {
     if (strcmp(k, "name") == 0) copy(gp->name, sizeof gp->name, v);
     else if (strcmp(k, "uuid") == 0) copy(gp->uuid, sizeof gp->uuid, v);
@@ -622,7 +742,13 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
     else if (strcmp(k, "process_util") == 0) parse_putil(gp, v, full);
     else if (strcmp(k, "process_util_supported") == 0) gp->putil_supported = num(v) ? 1 : 0;
     else if (strcmp(k, "mig_uuids") == 0) parse_mig(gp, v, full);
+    else if (strcmp(k, "mig_devices") == 0) parse_mig_devices(gp, v, full);
+    else if (strcmp(k, "mig_mode") == 0) {
+        gp->mig_enabled = 1;
+        if (sscanf(v, "%d:%d", &gp->mig_current, &gp->mig_pending) != 2) warn_key(full);
+    }
     else if (strcmp(k, "rc.all") == 0) gp->rc_all = (int)num(v);
+    else if (parse_gpm_key(gp, k, v, full)) {}
     else if (parse_health_key(gp, k, v, full)) {}
     else if (strncmp(k, "clock.", 6) == 0 || strncmp(k, "max_clock.", 10) == 0) {
         int is_max = k[0] == 'm';
@@ -691,6 +817,7 @@ static void maybe_reload(void) {
         return;
     FILE *f = fopen(path, "r");
     if (!f) return;
+    gpm_advance_all();
     set_defaults();
     g_load_us = clock_us(CLOCK_REALTIME);
     if (g_load_us <= g_putil_high) g_load_us = g_putil_high + 1;
@@ -731,6 +858,13 @@ static int mig_slot(nvmlDevice_t dev, int *parent) {
     *parent = (int)(k / FAKE_MAX_MIG);
     return (int)(k % FAKE_MAX_MIG);
 }
+
+/* Slots GetMaxMigDeviceCount reports: none while MIG mode is off. */
+static int mig_slots(const fake_gpu_t *gp) { return gp->mig_enabled && gp->mig_current ? gp->n_mig : 0; }
+
+/* MIG on with mig_devices: the parent refuses what a MIG-mode GPU refuses (utilization,
+ * encoder, decoder, sample buffers, process utilization). */
+static int mig_refuses(const fake_gpu_t *gp) { return gp->mig_detail && gp->mig_current; }
 
 static int override_rc(int fn, int idx) {
     if (idx >= 0) {
@@ -779,8 +913,20 @@ static nvmlReturn_t leave(nvmlReturn_t rc) {
  * INVALID_ARGUMENT, like the handle of a destroyed compute instance. */
 static nvmlReturn_t mig_enter(int fn, int parent, int slot) {
     nvmlReturn_t rc = enter(fn, parent, 1);
-    if (rc == NVML_SUCCESS && (parent >= g.count || slot >= g.gpus[parent].n_mig)) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && (parent >= g.count || slot >= mig_slots(&g.gpus[parent]) || g.gpus[parent].mig_slot_rc[slot] != NVML_SUCCESS))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
     return rc;
+}
+
+/* A MIG handle of a mig_devices slot (with ids, profile and memory): its parent, else -1
+ * (g_mu held; *rc the answer when -1 is returned for a MIG handle, or left for a GPU handle). */
+static int mig_detail_enter(int fn, nvmlDevice_t device, int *slot, nvmlReturn_t *rc) {
+    int parent;
+    *slot = mig_slot(device, &parent);
+    if (*slot < 0) return -1;
+    *rc = mig_enter(fn, parent, *slot);
+    if (*rc == NVML_SUCCESS && !g.gpus[parent].mig_detail) *rc = NVML_ERROR_INVALID_ARGUMENT; /* mig_uuids only */
+    return *rc == NVML_SUCCESS ? parent : -1;
 }
 
 #define SYS_ENTER(fn)                                                               \
@@ -809,7 +955,10 @@ EXPORT nvmlReturn_t nvmlInit(void) { return do_init(FN_nvmlInit); }
 
 EXPORT nvmlReturn_t nvmlShutdown(void) {
     SYS_ENTER(nvmlShutdown);
-    if (--g_init_refs == 0) events_on_shutdown();
+    if (--g_init_refs == 0) {
+        events_on_shutdown();
+        if (g_gpm_live > 0) fprintf(stderr, "fake-nvml: %d GPM samples still allocated at nvmlShutdown\n", g_gpm_live);
+    }
     return leave(NVML_SUCCESS);
 }
 
@@ -914,6 +1063,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length) {
+    int slot, parent;
+    nvmlReturn_t mrc;
+    if ((parent = mig_detail_enter(FN_nvmlDeviceGetName, device, &slot, &mrc)) >= 0) {
+        char full[160];
+        snprintf(full, sizeof full, "%s MIG %s", g.gpus[parent].name, g.gpus[parent].mig_profile[slot]);
+        return leave(copy_out(name, length, full));
+    }
+    if (slot >= 0) return leave(mrc);
     DEV_ENTER(nvmlDeviceGetName);
     return leave(copy_out(name, length, gp->name));
 }
@@ -966,6 +1123,17 @@ static unsigned long long mem_free(const fake_gpu_t *gp) {
 
 /* v1: "used" is allocated plus reserved (R510 and later), so used + free == total */
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory) {
+    int slot, parent;
+    nvmlReturn_t mrc;
+    if ((parent = mig_detail_enter(FN_nvmlDeviceGetMemoryInfo, device, &slot, &mrc)) >= 0) {
+        const fake_gpu_t *pg = &g.gpus[parent];
+        if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        memory->total = pg->mig_mem_total[slot];
+        memory->used = pg->mig_mem_used[slot];
+        memory->free = memory->total > memory->used ? memory->total - memory->used : 0;
+        return leave(NVML_SUCCESS);
+    }
+    if (slot >= 0) return leave(mrc);
     DEV_ENTER(nvmlDeviceGetMemoryInfo);
     if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
     memory->total = gp->mem_total;
@@ -976,6 +1144,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
 
 #ifndef FAKE_OLD_DRIVER
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
+    int slot, parent;
+    nvmlReturn_t mrc;
+    if ((parent = mig_detail_enter(FN_nvmlDeviceGetMemoryInfo_v2, device, &slot, &mrc)) >= 0) {
+        const fake_gpu_t *pg = &g.gpus[parent];
+        if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        if (memory->version != nvmlMemory_v2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        memory->total = pg->mig_mem_total[slot];
+        memory->reserved = 0;
+        memory->used = pg->mig_mem_used[slot];
+        memory->free = memory->total > memory->used ? memory->total - memory->used : 0;
+        return leave(NVML_SUCCESS);
+    }
+    if (slot >= 0) return leave(mrc);
     DEV_ENTER(nvmlDeviceGetMemoryInfo_v2);
     if (!memory) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (memory->version != nvmlMemory_v2) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
@@ -988,6 +1169,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v
 #endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    int slot, parent;
+    nvmlReturn_t mrc;
+    if ((parent = mig_detail_enter(FN_nvmlDeviceGetBAR1MemoryInfo, device, &slot, &mrc)) >= 0) {
+        if (!bar1) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        bar1->bar1Total = 33554432ULL; /* a MIG device's share of the BAR1 aperture (nvitop shows it) */
+        bar1->bar1Used = 1048576ULL;
+        bar1->bar1Free = bar1->bar1Total - bar1->bar1Used;
+        return leave(NVML_SUCCESS);
+    }
+    if (slot >= 0) return leave(mrc);
     DEV_ENTER(nvmlDeviceGetBAR1MemoryInfo);
     if (!bar1) return leave(NVML_ERROR_INVALID_ARGUMENT);
     bar1->bar1Total = 134217728ULL;
@@ -1000,6 +1191,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Mem
 
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *u) {
     DEV_ENTER(nvmlDeviceGetUtilizationRates);
+    if (mig_refuses(gp)) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!u) return leave(NVML_ERROR_INVALID_ARGUMENT);
     u->gpu = gp->util_gpu;
     u->memory = gp->util_mem;
@@ -1009,6 +1201,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtili
 EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigned int *utilization,
                                                     unsigned int *samplingPeriodUs) {
     DEV_ENTER(nvmlDeviceGetEncoderUtilization);
+    if (mig_refuses(gp)) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!utilization || !samplingPeriodUs) return leave(NVML_ERROR_INVALID_ARGUMENT);
     *utilization = gp->enc_util;
     *samplingPeriodUs = 167000;
@@ -1018,6 +1211,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t device, unsigne
 EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t device, unsigned int *utilization,
                                                     unsigned int *samplingPeriodUs) {
     DEV_ENTER(nvmlDeviceGetDecoderUtilization);
+    if (mig_refuses(gp)) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!utilization || !samplingPeriodUs) return leave(NVML_ERROR_INVALID_ARGUMENT);
     *utilization = gp->dec_util;
     *samplingPeriodUs = 167000;
@@ -1177,6 +1371,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlPro
                                                     unsigned int *processSamplesCount,
                                                     unsigned long long lastSeenTimeStamp) {
     DEV_ENTER(nvmlDeviceGetProcessUtilization);
+    if (mig_refuses(gp)) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!processSamplesCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!gp->putil_supported) return leave(NVML_ERROR_NOT_SUPPORTED);
     unsigned int newer = 0;
@@ -1217,8 +1412,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *curr
     DEV_ENTER(nvmlDeviceGetMigMode);
     if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!currentMode || !pendingMode) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *currentMode = 1;
-    *pendingMode = 1;
+    *currentMode = (unsigned int)gp->mig_current;
+    *pendingMode = (unsigned int)gp->mig_pending;
     return leave(NVML_SUCCESS);
 }
 
@@ -1243,7 +1438,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned
     DEV_ENTER(nvmlDeviceGetMaxMigDeviceCount);
     if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!count) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *count = (unsigned int)gp->n_mig;
+    *count = (unsigned int)mig_slots(gp);
     return leave(NVML_SUCCESS);
 }
 
@@ -1252,7 +1447,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, uns
     DEV_ENTER(nvmlDeviceGetMigDeviceHandleByIndex); /* a MIG handle as the parent: INVALID_ARGUMENT */
     if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!migDevice) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (index >= (unsigned int)gp->n_mig) return leave(NVML_ERROR_NOT_FOUND);
+    if (index >= (unsigned int)mig_slots(gp)) return leave(NVML_ERROR_NOT_FOUND);
+    if (gp->mig_slot_rc[index] != NVML_SUCCESS) return leave(gp->mig_slot_rc[index]); /* an empty slot */
     struct nvmlDevice_st *h = &g_mig_handles[idx_ * FAKE_MAX_MIG + (int)index];
     h->index = idx_;
     *migDevice = h;
@@ -1272,6 +1468,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t mi
         *device = &g_handles[parent]; /* the very handle nvmlDeviceGetHandleByIndex gives */
     }
     return leave(rc);
+}
+
+/* GPU / compute instance ids: MIG handles of mig_devices slots only */
+static nvmlReturn_t instance_id(int fn, nvmlDevice_t device, unsigned int *id, int compute) {
+    int slot, parent;
+    nvmlReturn_t rc;
+    if ((parent = mig_detail_enter(fn, device, &slot, &rc)) >= 0) {
+        if (!id) return leave(NVML_ERROR_INVALID_ARGUMENT);
+        *id = compute ? g.gpus[parent].mig_ci[slot] : g.gpus[parent].mig_gi[slot];
+        return leave(NVML_SUCCESS);
+    }
+    if (slot >= 0) return leave(rc);
+    rc = enter(fn, handle_index(device), 1);
+    return leave(rc != NVML_SUCCESS ? rc : NVML_ERROR_INVALID_ARGUMENT); /* a GPU handle is no MIG device */
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(FN_nvmlDeviceGetGpuInstanceId, device, id, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
+    return instance_id(FN_nvmlDeviceGetComputeInstanceId, device, id, 1);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,
@@ -1538,6 +1756,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
                                          unsigned long long lastSeenTimeStamp, nvmlValueType_t *sampleValType,
                                          unsigned int *sampleCount, nvmlSample_t *samples) {
     DEV_ENTER(nvmlDeviceGetSamples);
+    if (mig_refuses(gp)) return leave(NVML_ERROR_NOT_SUPPORTED);
     if (!sampleValType || !sampleCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int t = (unsigned int)type;
     if (gp->samples_period_ms <= 0 || t < 1 || t >= FAKE_SAMPLE_TYPES) return leave(NVML_ERROR_NOT_SUPPORTED);
@@ -1568,6 +1787,136 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
     *sampleCount = (unsigned int)n;
     return leave(NVML_SUCCESS);
 }
+
+/* ---- GPM (shared/reference/nvml-extended.md section 6) ----
+ * A sample is a snapshot of a source's counters (source 0 the GPU, 1 + gi a GPU instance),
+ * which grow at the configured rates: counter m gains milli[m] per microsecond. They are
+ * advanced at every sample and at every scenario reload (with the rates in force until
+ * then), so MetricsGet's delta / elapsed time is exactly the configured value while it is
+ * constant, and a mix across a change. The counters outlive reloads, like hardware ones.
+ * Live samples are counted; one still allocated at the last nvmlShutdown is reported. */
+#define FAKE_GPM_MAGIC 0x47504d53u
+#define FAKE_GPM_SOURCES (1 + FAKE_MAX_GI)
+struct nvmlGpmSample_st {
+    unsigned int magic;
+    int gpu, source;           /* gpu -1 until taken */
+    unsigned long long t_us;   /* CLOCK_MONOTONIC */
+    unsigned __int128 acc[FAKE_GPM_IDS];
+};
+static unsigned __int128 g_gpm_acc[MAX_GPUS][FAKE_GPM_SOURCES][FAKE_GPM_IDS];
+static unsigned long long g_gpm_last_us[MAX_GPUS][FAKE_GPM_SOURCES];
+
+static const fake_gpm_t *gpm_source(const fake_gpu_t *gp, int source) {
+    return source == 0 ? &gp->gpm_dev : &gp->gpm_gi[source - 1];
+}
+
+static void gpm_advance(int idx, int source, unsigned long long now) {
+    const fake_gpm_t *src = gpm_source(&g.gpus[idx], source);
+    unsigned long long last = g_gpm_last_us[idx][source];
+    if (last != 0 && now > last)
+        for (int m = 0; m < FAKE_GPM_IDS; m++)
+            if (src->set[m] == 1) g_gpm_acc[idx][source][m] += (unsigned __int128)src->milli[m] * (now - last);
+    g_gpm_last_us[idx][source] = now;
+}
+
+/* before a reload replaces the rates: what ran until now ran at the old ones */
+static void gpm_advance_all(void) {
+    unsigned long long now = clock_us(CLOCK_MONOTONIC);
+    for (int i = 0; i < MAX_GPUS; i++)
+        for (int src = 0; src < FAKE_GPM_SOURCES; src++)
+            if (g_gpm_last_us[i][src]) gpm_advance(i, src, now);
+}
+
+__attribute__((unused)) static nvmlReturn_t gpm_take(int idx, int source, nvmlGpmSample_t smp) {
+    unsigned long long now = clock_us(CLOCK_MONOTONIC);
+    gpm_advance(idx, source, now);
+    smp->gpu = idx;
+    smp->source = source;
+    smp->t_us = now;
+    memcpy(smp->acc, g_gpm_acc[idx][source], sizeof smp->acc);
+    return NVML_SUCCESS;
+}
+
+#ifndef FAKE_OLD_DRIVER
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport) {
+    DEV_ENTER(nvmlGpmQueryDeviceSupport);
+    if (!gpmSupport) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION) return leave(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    gpmSupport->isSupportedDevice = (unsigned int)gp->gpm; /* pre-Hopper: SUCCESS with 0 */
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
+    SYS_ENTER(nvmlGpmSampleAlloc);
+    if (!gpmSample) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    struct nvmlGpmSample_st *smp = calloc(1, sizeof *smp);
+    if (!smp) return leave(NVML_ERROR_UNKNOWN);
+    smp->magic = FAKE_GPM_MAGIC;
+    smp->gpu = -1;
+    g_gpm_live++;
+    *gpmSample = smp;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
+    SYS_ENTER(nvmlGpmSampleFree);
+    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    gpmSample->magic = 0;
+    free(gpmSample);
+    g_gpm_live--;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
+    DEV_ENTER(nvmlGpmSampleGet);
+    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->gpm) return leave(NVML_ERROR_NOT_SUPPORTED);
+    return leave(gpm_take(idx_, 0, gpmSample));
+}
+
+/* A GPU instance of the parent: one of its present MIG devices must belong to it. */
+EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) {
+    DEV_ENTER(nvmlGpmMigSampleGet);
+    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->gpm || !gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
+    int found = 0;
+    for (int i = 0; gp->mig_detail && gp->mig_current && i < gp->n_mig; i++)
+        if (gp->mig_slot_rc[i] == NVML_SUCCESS && gp->mig_gi[i] == gpuInstanceId) found = 1;
+    if (!found) return leave(NVML_ERROR_NOT_FOUND);
+    return leave(gpm_take(idx_, 1 + (int)gpuInstanceId, gpmSample));
+}
+
+static char g_gpm_short[] = "fake", g_gpm_long[] = "fake GPM metric", g_gpm_unit[] = "%";
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
+    SYS_ENTER(nvmlGpmMetricsGet);
+    if (!metricsGet || metricsGet->version != NVML_GPM_METRICS_GET_VERSION) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const struct nvmlGpmSample_st *s1 = metricsGet->sample1, *s2 = metricsGet->sample2;
+    /* only numMetrics is relied on, never sizeof (headers differ in NVML_GPM_METRIC_MAX) */
+    if (!s1 || !s2 || s1->magic != FAKE_GPM_MAGIC || s2->magic != FAKE_GPM_MAGIC || s1->gpu < 0 || s1->gpu != s2->gpu ||
+        s1->source != s2->source || s2->t_us <= s1->t_us || metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    const fake_gpm_t *src = gpm_source(&g.gpus[s2->gpu], s2->source);
+    unsigned long long dt = s2->t_us - s1->t_us;
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *m = &metricsGet->metrics[i];
+        unsigned int id = m->metricId;
+        m->value = 0;
+        m->metricInfo.shortName = g_gpm_short;
+        m->metricInfo.longName = g_gpm_long;
+        m->metricInfo.unit = g_gpm_unit;
+        if (id >= FAKE_GPM_IDS || !src->set[id]) m->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else {
+            m->nvmlReturn = NVML_SUCCESS;
+            if (src->set[id] == 2) m->value = __builtin_nan("");
+            else if (src->set[id] == 3) m->value = (double)dt / 1e6;
+            else m->value = (double)(unsigned long long)((s2->acc[id] - s1->acc[id]) / dt) / 1000.0;
+        }
+        if (id < FAKE_GPM_IDS && src->rc[id] != UNSET) m->nvmlReturn = src->rc[id];
+    }
+    return leave(NVML_SUCCESS);
+}
+#endif
 
 /* ---- event sets (XID) ---- */
 #include "fake_events.c"

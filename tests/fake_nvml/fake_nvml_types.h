@@ -134,4 +134,31 @@ typedef struct nvmlViolationTime_st {
     unsigned long long violationTime;
 } nvmlViolationTime_t;
 
+/* GPM (shared/reference/nvml-extended.md section 6). */
+typedef struct nvmlGpmSample_st *nvmlGpmSample_t;
+#define NVML_GPM_METRIC_MAX 477
+#define NVML_GPM_METRICS_GET_VERSION 1
+#define NVML_GPM_SUPPORT_VERSION 1
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[NVML_GPM_METRIC_MAX];
+} nvmlGpmMetricsGet_t;
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
 #endif

@@ -1,0 +1,144 @@
+"""The mig collector's NVML reads, and the MIG device UUIDs the kubernetes collector needs.
+
+MIG devices are enumerated on every refresh (shared/reference/nvml-extended.md section 7):
+handles are invalidated by any instance destroyed or created and ids are reused, so nothing
+about an instance is cached across refreshes. Slots are sparse: NOT_FOUND and
+INVALID_ARGUMENT mean an empty slot. Memory belongs to the GPU instance and is read once
+per instance (from its first compute instance); GPM values per GPU instance come from
+nvmlGpmMigSampleGet on the parent, their samples tagged with the instance's members so a
+recreated instance is never diffed against its predecessor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pynvml
+
+from .. import nvml_errors
+from ..nvml_errors import LOST_CODES, DeviceDown, Fallback
+from ..samples import MigDevice, MigInstance, MigState
+from .nvml_gpm import GpmReader
+
+_EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_INVALID_ARGUMENT})  # NOT_FOUND already comes back as None
+_PROFILE_MARK = " MIG "  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+
+Ask = Callable[..., Any]
+
+
+def _optional(name: str) -> Callable[..., Any] | None:
+    return getattr(pynvml, name, None)
+
+
+def profile_of(name: str) -> str:
+    """The profile from a MIG device's name ("... MIG 1g.10gb" -> "1g.10gb"); "" when absent."""
+    at = name.rfind(_PROFILE_MARK)
+    return name[at + len(_PROFILE_MARK):].strip() if at >= 0 else ""
+
+
+class MigReader:
+    def __init__(self) -> None:
+        self._mode = Fallback(_optional("nvmlDeviceGetMigMode"))
+        self._count = Fallback(_optional("nvmlDeviceGetMaxMigDeviceCount"))
+        self._handle = Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
+        self._gi = Fallback(_optional("nvmlDeviceGetGpuInstanceId"))
+        self._ci = Fallback(_optional("nvmlDeviceGetComputeInstanceId"))
+        self._memory_v2 = Fallback(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
+        self._memory_v1 = Fallback(pynvml.nvmlDeviceGetMemoryInfo)
+
+    def mode(self, key: str, handle: Any, ask: Ask) -> tuple[int | None, int | None] | None:
+        """(current, pending), or None on a GPU without MIG."""
+        answer = ask(key, "mig_mode", self._mode, handle, part="mig")
+        if not answer:
+            return None
+        current, pending = (int(v) for v in answer)
+        return (1 if current == 1 else 0), (1 if pending == 1 else 0)
+
+    def handles(self, key: str, handle: Any, ask: Ask, fail: Callable[[], None]) -> list[Any]:
+        """The MIG device handles now, empty slots skipped. A slot's failure other than an
+        empty one skips it and counts against the mig collector; a lost GPU raises."""
+        count = ask(key, "mig_count", self._count, handle, part="mig") or 0
+        out = []
+        for i in range(int(count)):
+            try:
+                mig = self._handle(handle, i)  # not through ask: a slot empty now may hold an instance next refresh
+            except DeviceDown as err:
+                if err.code in LOST_CODES:
+                    raise
+                if err.code not in _EMPTY_SLOT:
+                    fail()
+                continue
+            if mig is not None:
+                out.append(mig)
+        return out
+
+    def uuids(self, migs: list[Any]) -> list[str]:
+        return [u for u in (_uuid(m) for m in migs) if u]
+
+    def state(
+        self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,
+        mode: tuple[int | None, int | None], migs: list[Any],
+    ) -> MigState:
+        current, pending = mode
+        devices: list[MigDevice] = []
+        first: dict[int, Any] = {}  # GPU instance id -> its first MIG device's handle
+        members: dict[int, list[str]] = {}
+        for mig in migs:
+            try:
+                gi, ci = self._gi(mig), self._ci(mig)
+            except DeviceDown as err:  # destroyed between enumeration and now, or a faulty answer
+                if err.code in LOST_CODES:
+                    raise
+                fail()
+                continue
+            uuid = _uuid(mig)
+            if gi is None or ci is None or not uuid:
+                continue
+            name = _text(nvml_errors.field(pynvml.nvmlDeviceGetName, mig))
+            devices.append(MigDevice(int(gi), int(ci), uuid, profile_of(name)))
+            first.setdefault(int(gi), mig)
+            members.setdefault(int(gi), []).append(f"{uuid}/{ci}/{name}")
+        instances = []
+        gpm_on = gpm is not None and gpm.supported(key, handle, ask)
+        for gi in sorted(first):
+            memory = self._memory(first[gi], fail)
+            profiling = None
+            if gpm_on:
+                assert gpm is not None
+                profiling = gpm.read(key, handle, ask, instance=gi, tag=tuple(sorted(members[gi])))
+            instances.append(MigInstance(
+                gpu_instance_id=gi,
+                memory_total_bytes=memory[0] if memory else None,
+                memory_used_bytes=memory[1] if memory else None,
+                memory_free_bytes=memory[2] if memory else None,
+                profiling=profiling,
+            ))
+        if gpm is not None:
+            gpm.forget_instances(key, set(first))
+        devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
+        return MigState(current=current, pending=pending, devices=tuple(devices), instances=tuple(instances))
+
+    def _memory(self, mig: Any, fail: Callable[[], None]) -> tuple[int, int, int] | None:
+        try:
+            memory = self._memory_v2(mig)
+            if memory is None and not self._memory_v2.available:
+                memory = self._memory_v1(mig)
+        except DeviceDown as err:
+            if err.code in LOST_CODES:
+                raise
+            fail()
+            return None
+        if memory is None or not memory.total:
+            return None
+        return int(memory.total), int(memory.used), int(memory.free)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _uuid(mig: Any) -> str:
+    return _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, mig))
+

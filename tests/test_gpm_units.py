@@ -1,0 +1,124 @@
+"""The GPM window rules of exporter/backends/nvml_gpm.py, in process against the fake through
+the real pynvml, with the reader's clock under the test's control (no sleeping for windows):
+the first refresh serves nothing, a refresh less than 1 s after the kept sample reuses the
+older one, a changed instance starts afresh, and the values are converted as the contract
+says (percent / 100 clamped, NaN and per-metric errors absent, MiB/s x 1048576)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from exporter.backends.nvml_gpm import MIN_WINDOW, GpmReader, convert
+from exporter.backends.nvml_health import HealthReader
+from fakenvml import MIB, Scenario, load_in_process
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def gpu(fake_libs, tmp_path_factory, tmp_path, monkeypatch):
+    """(handle, reader, ask, clock, scenario) for one H200 with GPM; NVML shut down after."""
+    trace = load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    scenario = Scenario(tmp_path / "gpm.txt", {"gpu.0.gpm": 1, "gpu.0.gpm.2": 40, "gpu.0.gpm.21": "window"})
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario.path))
+    pynvml.nvmlInit()
+    clock = Clock()
+    reader = GpmReader(logging.getLogger("test"), clock=clock)
+    ask = HealthReader(logging.getLogger("test")).ask
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    before = trace.counts()
+    yield SimpleNamespace(handle=handle, reader=reader, ask=ask, clock=clock, scenario=scenario, trace=trace, before=before)
+    reader.free_all()
+    pynvml.nvmlShutdown()
+
+
+def window(sample) -> float:
+    """The fake's window metric (GPM 21, PCIe receive) in the fake's own seconds."""
+    return dict(((link, d), v) for link, d, v in sample.bandwidths)[("pcie", "receive")] / MIB
+
+
+def test_first_refresh_nothing_then_a_fast_refresh_keeps_the_older_baseline(gpu):
+    def read(at: float):
+        gpu.clock.now = 1000.0 + at
+        time.sleep(0.02)  # the fake's own clock moves between samples
+        return gpu.reader.read("k", gpu.handle, gpu.ask)
+
+    assert gpu.reader.supported("k", gpu.handle, gpu.ask)
+    assert read(0.0) is None  # the first refresh: one sample, no window
+    for at in (0.3, 0.6, 0.9):  # faster than a second: still no sample 1 s older
+        assert read(at) is None
+    first = read(1.1)  # kept: the samples at 0.0 and 1.1
+    assert first is not None and dict(first.ratios) == {"sm_active": 0.4}
+    later = [read(at) for at in (1.4, 1.7, 2.0, 2.3)]
+    windows = [window(first)] + [window(s) for s in later]  # as the fake measured them
+    # 1.4 .. 2.0 diff against the sample at 0.0 (the one at 1.1 is less than 1 s old): the
+    # window grows with every refresh instead of shrinking to the time since the last one
+    assert windows[0] < windows[1] < windows[2] < windows[3], windows
+    assert windows[4] < windows[3]  # at 2.3 the sample at 1.1 is 1.2 s old: the newer baseline
+    assert all(dict(s.ratios) == {"sm_active": 0.4} for s in later)
+    allocated = gpu.trace.counts()["nvmlGpmSampleAlloc"] - gpu.before["nvmlGpmSampleAlloc"]
+    assert allocated == 3  # two kept, one being taken: never more, however many refreshes
+
+
+def test_the_baseline_is_the_newest_sample_at_least_min_window_older(gpu):
+    reader, clock = gpu.reader, gpu.clock
+    bases = []
+    real = reader._compute
+
+    def spy(key, ask, older, newer):
+        kept = reader._sources[("k", None)].kept
+        bases.append(next(round(t - 1000.0, 3) for t, b in kept if b is older))
+        return real(key, ask, older, newer)
+
+    reader._compute = spy
+    for t in (0.0, 0.5, 1.2, 1.5, 2.1, 2.5, 4.0):
+        clock.now = 1000.0 + t
+        reader.read("k", gpu.handle, gpu.ask)
+    # no baseline at 0.0 and 0.5; at 2.1 the sample at 1.2 is 0.9 s old, so 0.0 still serves
+    assert bases == [0.0, 0.0, 0.0, 1.2, 2.5]
+    # kept: samples at least MIN_WINDOW apart, two at most (2.5 pushed 0.0 out, 4.0 pushed 1.2)
+    assert [round(t - 1000.0, 3) for t, _ in reader._sources[("k", None)].kept] == [2.5, 4.0]
+    assert MIN_WINDOW == 1.0
+
+
+def test_a_changed_instance_starts_afresh(gpu):
+    read = lambda tag: gpu.reader.read("k", gpu.handle, gpu.ask, tag=tag)  # noqa: E731
+    assert read("a") is None
+    gpu.clock.now += 1.5
+    assert read("a") is not None
+    gpu.clock.now += 1.5
+    assert read("b") is None  # another instance under the same key: its first sample
+    gpu.clock.now += 1.5
+    assert read("b") is not None
+
+
+def test_a_refused_sample_holds_one_buffer_and_no_window(gpu):
+    gpu.scenario.update(**{"gpu.0.rc.nvmlGpmSampleGet": 3})
+    assert gpu.reader.read("k", gpu.handle, gpu.ask) is None
+    gpu.clock.now += 5
+    assert gpu.reader.read("k", gpu.handle, gpu.ask) is None
+    assert gpu.trace.counts()["nvmlGpmSampleAlloc"] - gpu.before["nvmlGpmSampleAlloc"] == 1
+
+
+def metric(mid: int, value: float, rc: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(metricId=mid, nvmlReturn=rc, value=value)
+
+
+def test_convert_clamps_drops_nan_and_errors_and_scales_bandwidth():
+    answer = SimpleNamespace(metrics=[metric(2, 130.0), metric(3, -4.0), metric(5, float("nan")), metric(10, 50.0, rc=3),
+                                      metric(12, 25.5), metric(20, 2.5), metric(21, -1.0), metric(61, float("inf"))])
+    sample = convert(answer, len(answer.metrics))
+    assert dict(sample.ratios) == {"sm_active": 1.0, "sm_occupancy": 0.0, "fp32_active": 0.255}
+    assert sample.bandwidths == (("pcie", "transmit", 2.5 * MIB),)
+    assert convert(SimpleNamespace(metrics=[metric(2, 1.0, rc=999)]), 1) is None  # nothing left: no sample
