@@ -1,9 +1,12 @@
 """ResourceMonitor: one cached snapshot of GPUs and host, shared by /metrics and the Python API.
 
 A snapshot younger than cache_ttl is reused; concurrent callers share one refresh (single
-flight), and every caller waits at most its own deadline. GPU reads run on one worker
-thread (start-up probing first, outside every deadline). A read in flight longer than
-collect_timeout is a hung driver: known GPUs are reported down until it returns. A caller
+flight), and every caller waits at most its own deadline. GPU reads run on one reader
+thread (start-up probing first, outside every deadline); the NVML backend reads each GPU on
+a worker of its own under it, so a GPU whose read is in flight longer than collect_timeout
+is down alone while the others report (amdgpu and gpu-tracker read as one unit). A read in
+flight longer than collect_timeout (NVML: a call outside any one GPU, a little later) is a
+hung driver: known GPUs are reported down until it returns. A caller
 whose own, shorter deadline expires first gets the last completed reading with the GPU
 collector marked unsuccessful, and that answer is not cached for anyone else.
 """
@@ -34,6 +37,10 @@ _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 # A read whose caller gave it the whole --collect.timeout may have started a moment after
 # the caller did: it counts as hung this much early.
 _HUNG_SLACK = 0.05
+# A backend that bounds each GPU's read itself (NVML: one worker per GPU) returns within
+# --collect.timeout with a hung GPU down alone; its whole read counts as hung (every GPU down)
+# only this much later, when a call outside any one GPU (the device count) hangs.
+_DEVICE_GRACE = 0.25
 # A refresh that starts a kubelet List waits this long for it (a healthy kubelet answers in
 # milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s
 # shortest scrape deadline, so a hung kubelet cannot fail a concurrent scrape's GPU collector.
@@ -385,7 +392,7 @@ class ResourceMonitor:
                 until = now  # start-up probing is not waited for by a scrape
             age = reader.inflight_age(now)
             if age is not None:
-                until = min(until, now - age + self._timeout - _HUNG_SLACK)  # when the read becomes "hung"
+                until = min(until, now - age + self._hung_after())  # when the read becomes "hung"
             done = reader.wait(target, until)
             if done is not None:
                 if self._gpu_stuck:
@@ -394,7 +401,7 @@ class ResourceMonitor:
                 return done.reading, CollectorStatus(done.reading.success, done.duration_seconds, done.timestamp_seconds), True
             now = time.monotonic()
             age = reader.inflight_age(now)
-            if age is not None and age >= self._timeout - _HUNG_SLACK:
+            if age is not None and age >= self._hung_after():
                 return self._hung(reader, age)
             if now >= deadline or reader.closing or (self._started and not reader.prepared):
                 if not reader.prepared:
@@ -404,6 +411,11 @@ class ResourceMonitor:
                 status = CollectorStatus(False, now - started, last.timestamp_seconds if last else None)
                 return (last.reading if last else None), status, False
             # the read started while we waited (start-up finished): wait again with its limit
+
+    def _hung_after(self) -> float:
+        if getattr(self._backend, "device_deadlines", False):
+            return self._timeout + _DEVICE_GRACE
+        return self._timeout - _HUNG_SLACK
 
     def _hung(self, reader: _GpuReader, age: float) -> tuple[GpuReading | None, CollectorStatus, bool]:
         if not self._gpu_stuck:

@@ -8,6 +8,8 @@ re-reads it whenever it changes. Keys (all optional):
     driver_version=, nvml_version=, cuda_version=
     rc.<symbol>=<rc>               return code of an NVML symbol for every device
     delay_ms.<symbol>=<ms>         sleep before answering (a wedged driver)
+    delay_us.<symbol>=<us>         the same in microseconds (simulated driver latency); the
+                                   symbol "all" (delay_ms.all, delay_us.all) delays every call
     gpu.<i>.<field>=<value>        name uuid pci_bus_id serial memory_total memory_used
                                    memory_reserved util_gpu util_memory temperature power_mw
                                    power_limit_mw energy_mj fan num_fans pstate
@@ -15,7 +17,7 @@ re-reads it whenever it changes. Keys (all optional):
                                    max_clock.<...> processes=pid:bytes,... graphics_processes=...
     gpu.<i>.rc.<symbol>=<rc>       per-device return code (rc.all: every call on that device;
                                    rc.nvmlDeviceGetHandleByIndex_v2: lost at handle)
-    gpu.<i>.delay_ms.<symbol>=<ms>
+    gpu.<i>.delay_ms.<symbol>=<ms>, gpu.<i>.delay_us.<symbol>=<us> (symbol "all" as above)
 
 Health keys (issue 10; the contract is /work/briefs/keys.md), all per GPU as gpu.<i>.<key>.
 Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios are unchanged:

@@ -102,19 +102,55 @@ def test_start_up_is_outside_scrape_deadlines(run_exporter, machine):
     assert "longer than --collect.timeout" not in exporter.stderr  # the 3 s init was never a "hung read"
 
 
-def test_hung_call_keeps_threads_bounded_and_recovers(run_exporter, machine):
+def up_by_gpu(s: Scrape) -> dict[str, float]:
+    return {labels["gpu"]: v for labels, v in s.series("resmon_gpu_up")}
+
+
+def test_a_hung_gpu_is_down_alone_threads_stay_bounded_and_it_recovers(run_exporter, machine, trace):
     exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
     exporter.wait_ready()
     machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": 9000})
     counts = []
-    for _ in range(5):
+    for i in range(5):
+        if i == 3:  # the healthy GPUs are read afresh on every refresh meanwhile
+            machine.update(**{"gpu.1.memory_used": 7 * 1024**3})
+        s = exporter.scrape()
+        assert s.value("resmon_collector_success", collector="gpu") == 0  # a GPU was not read
+        assert s.has("resmon_memory_total_bytes")
+        assert up_by_gpu(s) == {"0": 1.0, "1": 1.0, "2": 0.0}, up_by_gpu(s)
+        counts.append(proc_status(exporter.proc.pid, "Threads"))
+    assert s.value("resmon_gpu_memory_used_bytes", gpu="1", uuid=UUID1) == 7 * 1024**3
+    assert max(counts) - min(counts) <= 1, counts  # no thread per stuck refresh
+    # one read in flight on the hung GPU: it is not asked again while that call runs
+    assert sum(1 for sym, idx in trace.lines() if sym == "nvmlDeviceGetPowerUsage" and idx == 2) <= 2
+    assert "reporting this GPU down until it returns" in exporter.stderr
+    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": None})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert gpu_ups(s) == {1.0}
+
+
+def test_gpus_are_read_in_parallel(run_exporter, machine):
+    # 2 s on each GPU: one after another (6 s) would pass the 4 s timeout and GPU 2 would be down
+    machine.update(**{f"gpu.{i}.delay_ms.nvmlDeviceGetUtilizationRates": 2000 for i in range(3)})
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=4s")
+    exporter.wait_ready()
+    for _ in range(2):
+        s, _ = timed_scrape(exporter)
+        assert s.value("resmon_collector_success", collector="gpu") == 1
+        assert gpu_ups(s) == {1.0}
+    assert "longer than --collect.timeout" not in exporter.stderr
+
+
+def test_a_hung_library_call_still_marks_every_gpu_down(run_exporter, machine):
+    # not one GPU's call: the device count, which the whole read waits on
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
+    exporter.wait_ready()
+    machine.update(**{"delay_ms.nvmlDeviceGetCount_v2": 9000})
+    for _ in range(3):
         s = exporter.scrape()
         assert s.value("resmon_collector_success", collector="gpu") == 0
-        assert s.has("resmon_memory_total_bytes")
-        counts.append(proc_status(exporter.proc.pid, "Threads"))
-    assert gpu_ups(s) == {0.0}  # by now the read has been in flight for more than 1 s
-    assert max(counts) - min(counts) <= 1, counts  # no thread per stuck refresh
-    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": None})
+    assert gpu_ups(s) == {0.0}
+    machine.update(**{"delay_ms.nvmlDeviceGetCount_v2": None})
     s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
     assert gpu_ups(s) == {1.0}
 

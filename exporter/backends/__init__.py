@@ -85,7 +85,7 @@ def make_backend(
     if choice == "nvml":
         from .nvml import NvmlBackend
 
-        backend = NvmlBackend(log, explicit=True, options=options)
+        backend = NvmlBackend(log, explicit=True, options=options, device_timeout=timeout)
         if not bounded(backend.try_init, timeout, "--gpu.backend=nvml: nvmlInit"):
             raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
         return backend

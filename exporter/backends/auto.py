@@ -29,7 +29,7 @@ class AutoBackend:
         self._log = log
         self._timeout = timeout
         self._options = options or GpuOptions()
-        self._nvml = NvmlBackend(log, options=options)
+        self._nvml = NvmlBackend(log, options=options, device_timeout=timeout)
         self._nvml_final = False
         self._fallback: AmdgpuBackend | GpuTrackerBackend | NoGpuBackend | None = None
         self._cli_retry_at = 0.0
@@ -39,6 +39,11 @@ class AutoBackend:
     @property
     def name(self) -> str:
         return "nvml" if self._nvml_final else (self._fallback.name if self._fallback else "none")
+
+    @property
+    def device_deadlines(self) -> bool:
+        """NVML bounds each GPU's read itself; the fallbacks are bounded as one read."""
+        return self._nvml_final
 
     def prepare(self) -> None:
         # the choice, with its slow parts (nvmlInit, bare nvidia-smi / amd-smi probes), is

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -42,6 +43,7 @@ from .nvml_busy import BusyIntegrator
 from .nvml_gpm import GpmReader
 from .nvml_mig import MigReader
 from .nvml_health import HealthReader
+from .nvml_workers import DeviceWorker, device_limit
 from .nvml_xid import XidWatcher
 
 _U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
@@ -113,6 +115,7 @@ def _mhz_to_hertz(value: int | None) -> float | None:
 
 class NvmlBackend:
     name = "nvml"
+    device_deadlines = True  # read() itself bounds each GPU (see ResourceMonitor)
 
     def __init__(
         self,
@@ -121,8 +124,19 @@ class NvmlBackend:
         min_backoff: float = 1.0,
         max_backoff: float = 30.0,
         options: GpuOptions | None = None,
+        device_timeout: float = 5.0,
     ) -> None:
         self._log = log
+        # each GPU is read on its own worker; a refresh waits this long for one GPU, after
+        # which that GPU alone is down until its read returns (--collect.timeout, a little less)
+        self._device_timeout = device_timeout
+        self._device_limit = device_limit(device_timeout)
+        self._workers: dict[int, DeviceWorker] = {}  # by index
+        self._stuck: set[int] = set()  # indices whose read is in flight past the limit
+        self._any_stuck = False  # in this read
+        # guards the identity maps where a worker iterates or re-keys them (never held over an NVML call)
+        self._ident_lock = threading.Lock()
+        self._close_lock = threading.Lock()  # workers ending after close() finish a pending shutdown once
         self._options = options or GpuOptions()
         self._explicit = explicit
         self._min_backoff = min_backoff
@@ -209,8 +223,8 @@ class NvmlBackend:
         if self._initialised:
             return True
         if self._shutdown_pending:
-            if self._xid is not None and not self._xid.stop(0.0):
-                return False  # the watcher is still inside the old init
+            if not self._nvml_idle(0.0):
+                return False  # the watcher or a GPU worker is still inside the old init
             self._shutdown_pending = False
             self._nvml_shutdown()
         now = time.monotonic()
@@ -285,14 +299,22 @@ class NvmlBackend:
     def _shutdown(self) -> None:
         if self._initialised:
             self._initialised = False
-            # the watcher's event set belongs to this init: stop it first; if it is still
-            # inside a call, shutting down under it can crash, so the shutdown waits for it
-            # (try_init does it) and no new init is taken on top of the old one meanwhile
-            if self._xid is not None and not self._xid.stop(_XID_STOP_TIMEOUT):
-                self._log.warning("XID watcher still inside NVML; shutting NVML down once it returns")
+            # the watcher's event set belongs to this init: stop it first; if it or a GPU
+            # worker is still inside a call, shutting down under it can crash, so the shutdown
+            # waits for them (try_init does it) and no new init is taken on top of the old one meanwhile
+            if not self._nvml_idle(_XID_STOP_TIMEOUT):
+                self._log.warning("XID watcher or a GPU read still inside NVML; shutting NVML down once it returns")
                 self._shutdown_pending = True
                 return
             self._nvml_shutdown()
+
+    def _nvml_idle(self, wait: float) -> bool:
+        """True when neither the XID watcher nor any GPU worker is inside NVML (waiting up to
+        wait seconds for them)."""
+        until = time.monotonic() + wait
+        if self._xid is not None and not self._xid.stop(wait):
+            return False
+        return all(worker.wait_idle(until) for worker in list(self._workers.values()))
 
     def _nvml_shutdown(self) -> None:
         if self._gpm is not None:
@@ -304,6 +326,20 @@ class NvmlBackend:
 
     def close(self) -> None:
         self._shutdown()
+        workers = list(self._workers.values())
+        for worker in workers:
+            # each ends once idle; one stuck in a call ends when it returns, and the last one
+            # out does the shutdown that was left pending for it
+            worker.stop(self._after_close)
+        until = time.monotonic() + 0.5
+        for worker in workers:
+            worker.join(max(0.0, until - time.monotonic()))  # idle ones end at once
+
+    def _after_close(self) -> None:
+        with self._close_lock:
+            if self._shutdown_pending and self._nvml_idle(0.0):
+                self._shutdown_pending = False
+                self._nvml_shutdown()
 
     # -- reading ----------------------------------------------------------------------
 
@@ -318,7 +354,7 @@ class NvmlBackend:
             if count != self._count:  # re-enumerated: an index may now be another device
                 self._handles.clear()
                 self._count = count
-            devices = [self._read_device(i) for i in range(count)]
+            devices = self._read_devices(count)
         except (BackendDown, DeviceDown, Missing) as err:  # count failing means the library, not a device
             code = getattr(err, "code", None)
             self._lost_backend(err if isinstance(err, BackendDown) else BackendDown(code, str(err)))
@@ -332,7 +368,9 @@ class NvmlBackend:
         samples = list(by_key.values())
         # A device seen before but no longer enumerated stays visible as down, under its last index.
         shown = {(s.identity.index, s.identity.uuid) for s in samples}
-        for key, identity in list(self._identities.items()):
+        with self._ident_lock:  # a stuck worker may still be adding to it
+            known = list(self._identities.items())
+        for key, identity in known:
             if key in seen:
                 continue
             if (identity.index, identity.uuid) in shown:
@@ -347,7 +385,7 @@ class NvmlBackend:
             self._xid_ever_watched = self._xid_ever_watched or bool(xid.watched)
         return GpuReading(
             backend="nvml",
-            success=True,
+            success=not self._any_stuck,  # a GPU not read this time: the collector did not succeed
             device_count=count,
             driver_version=self._driver_version,
             devices=in_order(samples),
@@ -384,11 +422,60 @@ class NvmlBackend:
             backend="nvml" if failing else "none",
             success=not failing,
             driver_version=self._driver_version,
-            devices=all_down(self._identities.values()),
+            devices=all_down(self._known()),
             memory_api=self.memory_api,
             parts=self._parts(False) if failing else (),
             xid=self._xid_while_away() if failing else None,
         )
+
+    def _known(self) -> list[GpuIdentity]:
+        with self._ident_lock:
+            return list(self._identities.values())
+
+    def _read_devices(self, count: int) -> list[tuple[str, GpuSample]]:
+        """Every device on its own worker, in parallel. A device whose read does not return
+        within the limit (or is still running from an earlier refresh) is down alone; the
+        first library-level error of any device is raised once all have answered."""
+        until = time.monotonic() + self._device_limit
+        started = []
+        for i in range(count):
+            worker = self._workers.get(i)
+            if worker is None:
+                worker = self._workers[i] = DeviceWorker(i)
+            started.append(worker.submit(lambda i=i: self._read_device(i)))
+        out: list[tuple[str, GpuSample]] = []
+        error: Exception | None = None
+        self._any_stuck = False
+        for i, submitted in enumerate(started):
+            done, result, err = self._workers[i].wait(until) if submitted else (False, None, None)
+            if not done:
+                out.append(self._stuck_device(i))
+                continue
+            if i in self._stuck:
+                self._stuck.discard(i)
+                self._log.info("GPU read returned; reading it again", extra=fields(gpu=i))
+            if err is not None:
+                if not isinstance(err, (BackendDown, DeviceDown, Missing)):
+                    raise err  # a defect: the reader logs it
+                error = error or err
+                continue
+            out.append(result)
+        if error is not None:
+            raise error
+        return out
+
+    def _stuck_device(self, index: int) -> tuple[str, GpuSample]:
+        self._any_stuck = True
+        key = self._key_at.get(index) or f"#index-{index}"
+        with self._ident_lock:
+            self._identities.setdefault(key, GpuIdentity(index=index))
+        if index not in self._stuck:
+            self._stuck.add(index)
+            self._log.warning(
+                "GPU read in flight longer than --collect.timeout; reporting this GPU down until it returns",
+                extra=fields(collect_timeout_seconds=round(self._device_timeout, 3), gpu=index),
+            )
+        return key, self._down(key, DeviceDown(None, "read in flight longer than --collect.timeout"))
 
     def _xid_while_away(self) -> XidState | None:
         """The counts so far stay served; an xid collector that was active fails while NVML
@@ -445,23 +532,27 @@ class NvmlBackend:
             # a UUID that does not answer (this once, or on this driver): the device known by
             # this PCI bus id, else a new key by PCI bus id, else whoever was at this index
             pci = self._pci_bus_id(handle)
-            key = self._key_by_pci(pci) or pci or self._key_at.get(index) or f"#index-{index}"
+            with self._ident_lock:
+                key = self._key_by_pci(pci) or pci or self._key_at.get(index) or f"#index-{index}"
         placeholder = f"#index-{index}"
-        if key != placeholder and placeholder in self._identities:
-            # the device's first answer: its uuid="" series is replaced by the real one
-            self._identities.pop(placeholder)
-            self._up.pop(placeholder, None)
-        old = self._identities.get(key)
-        if old is not None and key in self._complete:
-            if old.index != index:
-                old = self._identities[key] = dataclasses.replace(old, index=index)
-            return key
-        identity = self._identities[key] = self._read_identity(index, handle, uuid, pci, old)
-        if uuid and identity.pci_bus_id:
-            # the UUID answers now: a device that was known by its PCI bus id is this one
-            for other in [k for k, i in self._identities.items() if k != key and not i.uuid and i.pci_bus_id == identity.pci_bus_id]:
-                del self._identities[other]
-                self._up.pop(other, None)
+        with self._ident_lock:  # NVML calls stay outside: a hung GPU must not block the others
+            if key != placeholder and placeholder in self._identities:
+                # the device's first answer: its uuid="" series is replaced by the real one
+                self._identities.pop(placeholder)
+                self._up.pop(placeholder, None)
+            old = self._identities.get(key)
+            if old is not None and key in self._complete:
+                if old.index != index:
+                    old = self._identities[key] = dataclasses.replace(old, index=index)
+                return key
+        identity = self._read_identity(index, handle, uuid, pci, old)
+        with self._ident_lock:
+            self._identities[key] = identity
+            if uuid and identity.pci_bus_id:
+                # the UUID answers now: a device that was known by its PCI bus id is this one
+                for other in [k for k, i in self._identities.items() if k != key and not i.uuid and i.pci_bus_id == identity.pci_bus_id]:
+                    del self._identities[other]
+                    self._up.pop(other, None)
         return key
 
     def _key_by_pci(self, pci: str) -> str | None:

@@ -105,12 +105,12 @@ class BusyIntegrator:
         """This refresh could not read the device's engines (GPU down, NVML away, not
         supported now): the time up to here is not filled when samples come back."""
         now_us = (time.monotonic() if now is None else now) * _US_PER_SECOND
-        for (k, _), state in self._engines.items():
+        for (k, _), state in list(self._engines.items()):  # a copy: other GPUs' workers add to it
             if k == key:
                 state.looked_us = now_us
 
     def unread_all(self, now: float | None = None) -> None:
-        for key in {k for k, _ in self._engines}:
+        for key in {k for k, _ in list(self._engines)}:
             self.unread(key, now)
 
     def total(self, key: str, engine: str) -> float | None:

@@ -70,7 +70,6 @@ class GpmReader:
         )
         self._supported: dict[str, bool] = {}  # device key -> the support query's answer, per init
         self._sources: dict[tuple[str, int | None], _Source] = {}  # (device key, GPU instance id or None)
-        self._request: Any = None  # one nvmlGpmMetricsGet_t (19 KB), reused by every computation
 
     @property
     def active(self) -> bool:
@@ -154,11 +153,9 @@ class GpmReader:
         return out
 
     def _compute(self, key: str, ask: Ask, older: Any, newer: Any) -> ProfilingSample | None:
-        request = self._request
-        if request is None:
-            request = self._request = pynvml.c_nvmlGpmMetricsGet_t()
-            request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(_METRIC_IDS)
+        request = pynvml.c_nvmlGpmMetricsGet_t()  # one per call: GPUs are read on parallel workers
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(_METRIC_IDS)
         for i, mid in enumerate(_METRIC_IDS):
             request.metrics[i].metricId = mid
         request.sample1, request.sample2 = older, newer
@@ -173,7 +170,7 @@ class GpmReader:
 
     def forget_instances(self, key: str, alive: set[int]) -> None:
         """GPU instances of this device that no longer exist: their buffers go back to NVML."""
-        for (k, gi) in [s for s in self._sources if s[0] == key and s[1] is not None and s[1] not in alive]:
+        for (k, gi) in [s for s in list(self._sources) if s[0] == key and s[1] is not None and s[1] not in alive]:
             self._free(self._sources.pop((k, gi)))
 
     def free_all(self) -> None:

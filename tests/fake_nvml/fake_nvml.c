@@ -233,7 +233,7 @@ typedef struct {
     fake_gpm_t gpm_gi[FAKE_MAX_GI];    /* gi.<gi>.gpm.<id>, gi.<gi>.gpm_rc.<id> */
     int rc_all;
     int rc[FN_COUNT];
-    int delay_ms[FN_COUNT];
+    long delay_us[FN_COUNT]; /* microseconds: delay_ms.* and delay_us.* keys */
 } fake_gpu_t;
 
 /* Handles are pointers into this array; the struct itself is opaque to callers. */
@@ -252,7 +252,7 @@ static struct {
     char driver[80], nvml_version[80];
     int cuda_version;
     int rc[FN_COUNT];
-    int delay_ms[FN_COUNT];
+    long delay_us[FN_COUNT]; /* microseconds: delay_ms.* and delay_us.* keys */
     fake_gpu_t gpus[MAX_GPUS];
 } g;
 
@@ -320,7 +320,7 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->mig_current = gp->mig_pending = 1;
     for (int f = 0; f < FN_COUNT; f++) {
         gp->rc[f] = UNSET;
-        gp->delay_ms[f] = 0;
+        gp->delay_us[f] = 0;
     }
 }
 
@@ -332,7 +332,7 @@ static void set_defaults(void) {
     g.cuda_version = 12040;
     for (int f = 0; f < FN_COUNT; f++) {
         g.rc[f] = UNSET;
-        g.delay_ms[f] = 0;
+        g.delay_us[f] = 0;
     }
     for (int i = 0; i < MAX_GPUS; i++) gpu_defaults(i, &g.gpus[i]);
     events_defaults();
@@ -463,18 +463,26 @@ static void parse_mig(fake_gpu_t *gp, const char *v, const char *full) {
     }
 }
 
-/* rc.<symbol>, delay_ms.<symbol>: return 1 when handled */
-static int parse_override(const char *key, const char *val, int *rc, int *delay) {
+/* rc.<symbol>, delay_ms.<symbol>, delay_us.<symbol> (microseconds: simulated driver latency;
+ * <symbol> "all": every call): return 1 when handled */
+static int parse_override(const char *key, const char *val, int *rc, long *delay) {
     if (strncmp(key, "rc.", 3) == 0) {
         int f = fn_id(key + 3);
         if (f < 0) return 0;
         rc[f] = (int)num(val);
         return 1;
     }
-    if (strncmp(key, "delay_ms.", 9) == 0) {
+    long scale = 0;
+    if (strncmp(key, "delay_ms.", 9) == 0) scale = 1000;
+    else if (strncmp(key, "delay_us.", 9) == 0) scale = 1;
+    if (scale) {
+        if (strcmp(key + 9, "all") == 0) {
+            for (int f = 0; f < FN_COUNT; f++) delay[f] = (long)num(val) * scale;
+            return 1;
+        }
         int f = fn_id(key + 9);
         if (f < 0) return 0;
-        delay[f] = (int)num(val);
+        delay[f] = (long)num(val) * scale;
         return 1;
     }
     return 0;
@@ -759,7 +767,7 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
                 return;
             }
         warn_key(full);
-    } else if (!parse_override(k, v, gp->rc, gp->delay_ms) && !events_gpu_key((int)(gp - g.gpus), k, v))
+    } else if (!parse_override(k, v, gp->rc, gp->delay_us) && !events_gpu_key((int)(gp - g.gpus), k, v))
         warn_key(full);
 }
 
@@ -796,7 +804,7 @@ static void parse_file(FILE *f) {
         } else if (strcmp(key, "driver_version") == 0) copy(g.driver, sizeof g.driver, val);
         else if (strcmp(key, "nvml_version") == 0) copy(g.nvml_version, sizeof g.nvml_version, val);
         else if (strcmp(key, "cuda_version") == 0) g.cuda_version = (int)num(val);
-        else if (!parse_override(key, val, g.rc, g.delay_ms) && !events_key(key, val)) warn_key(key);
+        else if (!parse_override(key, val, g.rc, g.delay_us) && !events_key(key, val)) warn_key(key);
     }
     free(line);
 }
@@ -839,8 +847,8 @@ static void trace(int fn, int idx) {
     if (write(g_trace_fd, buf, (size_t)n) < 0) { /* tracing is best effort */ }
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000L, (us % 1000000L) * 1000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
@@ -881,11 +889,11 @@ static nvmlReturn_t enter(int fn, int idx, int needs_init) {
     pthread_mutex_lock(&g_mu);
     maybe_reload();
     trace(fn, idx);
-    int delay = g.delay_ms[fn];
-    if (idx >= 0 && idx < MAX_GPUS && g.gpus[idx].delay_ms[fn]) delay = g.gpus[idx].delay_ms[fn];
+    long delay = g.delay_us[fn];
+    if (idx >= 0 && idx < MAX_GPUS && g.gpus[idx].delay_us[fn]) delay = g.gpus[idx].delay_us[fn];
     if (delay > 0) {
         pthread_mutex_unlock(&g_mu);
-        sleep_ms(delay);
+        sleep_us(delay);
         pthread_mutex_lock(&g_mu);
         maybe_reload();
     }
