@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""resmon-exporter benchmarks on the fake NVML (so NVML's own latency is excluded and what is
-measured is the exporter's overhead). Prints one table; every figure is the median of
-repeated runs with min and max. Nothing here asserts a timing.
+"""resmon-exporter benchmarks on the fake NVML. Prints one table; every figure is the median
+of repeated runs with min and max. Nothing here asserts a timing.
+
+The headline is the cold scrape: what Prometheus gets when it scrapes every 15 s against the
+1 s render/snapshot cache (a full NVML refresh, host read and render), measured at TTL 0 and
+at the default TTL with scrapes spaced past it; warm (cache-hit) scrapes follow as a
+secondary figure. nvitop-exporter runs side by side on the same fake when it is installed
+(NVITOP_EXPORTER=/path/to/nvitop-exporter, or on PATH). The fake answers at once unless a
+per-call delay is set: the "simulated NVML latency" rows assume DELAY_US per call and
+PROCESS_DELAY_US per process-list call (see below), figures in the range NVML takes on a
+datacenter driver with persistence mode on.
 
     python benchmarks/run.py            # full run (a few minutes)
     python benchmarks/run.py --quick    # smoke run for CI (seconds; figures are rough)
@@ -28,7 +36,14 @@ sys.path.insert(0, str(REPO / "tests"))
 from fakenvml import Scenario, build_fake, gpu_keys  # noqa: E402  (the test rig's builder)
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+# simulated NVML latency (microseconds): every call, and the process lists on top
+DELAY_US = 50
+PROCESS_DELAY_US = 300
 TARGETS = {
+    "scrape_cold_8_vs_nvitop": ("cold scrape p50, 8 GPUs, / nvitop-exporter p50", 0.5, "x"),
+    "scrape_cold_64_p99": ("cold scrape, 64 GPUs, p99", 10.0, "ms"),
+    "scrape_cold_processes_p99": ("cold scrape, 8 GPUs x 32 processes, p99", 10.0, "ms"),
+    "refresh_delayed_ratio": ("refresh with simulated latency, 8 GPUs / 1 GPU", 2.0, "x"),
     "scrape_warm_8_p99": ("warm scrape, 8 GPUs, p99", 5.0, "ms"),
     "scrape_warm_64_p99": ("warm scrape, 64 GPUs, p99", 25.0, "ms"),
     "refresh_cold_8": ("cold refresh, 8 GPUs, CPU", 3.0, "ms"),
@@ -43,6 +58,25 @@ def machine(count: int) -> dict[str, Any]:
     for i in range(count):
         values.update(gpu_keys(i, util_gpu=(i * 7) % 100, temperature=40 + i % 40, power_mw=100000 + i,
                                processes=f"{os.getpid()}:1048576"))
+    return values
+
+
+def delayed(values: dict[str, Any]) -> dict[str, Any]:
+    """The machine with simulated NVML latency on every call (the fake sleeps outside its lock)."""
+    out = {**values, "delay_us.all": DELAY_US}
+    for symbol in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3"):
+        out[f"delay_us.{symbol}"] = PROCESS_DELAY_US
+    out["delay_us.nvmlEventSetWait_v2"] = 0  # the XID watcher's wait blocks on its own
+    return out
+
+
+def mig_machine(count: int) -> dict[str, Any]:
+    """count A100-class GPUs in MIG mode with 7 instances each."""
+    values = machine(count)
+    for i in range(count):
+        values[f"gpu.{i}.mig_devices"] = ",".join(
+            f"{gi}:{gi}:1g.5gb:MIG-{i:02d}{gi:02d}0000-0000-0000-0000-000000000000:5000000000:{gi * 100000000}"
+            for gi in range(1, 8))
     return values
 
 
@@ -63,6 +97,9 @@ class Env:
 
     def scenario(self, count: int) -> Scenario:
         return Scenario(self.root / f"scenario-{count}.txt", machine(count))
+
+    def named(self, name: str, values: dict[str, Any]) -> Scenario:
+        return Scenario(self.root / f"{name}.txt", values)
 
     def health_scenario(self, count: int) -> Scenario:
         """count H100-class boards answering every v2 family (ECC, remapping, 18 NVLinks, fields, samples)."""
@@ -110,6 +147,46 @@ def start_exporter(env: dict[str, str], *flags: str) -> tuple[subprocess.Popen, 
             return proc, port, time.perf_counter() - t0
         conn.close()
         time.sleep(0.002)
+
+
+def start_nvitop(env: dict[str, str]) -> tuple[subprocess.Popen, int] | None:
+    """nvitop-exporter on the same fake, or None where it is not installed."""
+    import shutil
+    import socket
+
+    binary = os.environ.get("NVITOP_EXPORTER") or shutil.which("nvitop-exporter")
+    if not binary:
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([binary, "--bind-address=127.0.0.1", f"--port={port}", "--interval=1"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            if resp.status == 200 and b"nvitop" in body:
+                time.sleep(1.5)  # its first collection done
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.1)
+    stop(proc)
+    return None
+
+
+def spaced_latencies(port: int, n: int, spacing: float) -> list[float]:
+    """n scrapes spaced past the cache TTL: each one cold, as Prometheus' 15 s interval makes them."""
+    out = []
+    for _ in range(n):
+        time.sleep(spacing)
+        out.extend(scrape_latencies(port, 1, None, False))
+    return out
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -165,6 +242,7 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
 
     from exporter import ResourceCollector, ResourceMonitor
     from exporter.collector import snapshot_families
+    from exporter.render import Renderer
 
     if kind in ("refresh", "refresh-processes"):
         # the XID watcher is not part of a refresh (its waits would count as refresh calls)
@@ -190,12 +268,17 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
         warm = ResourceMonitor(cache_ttl=3600, collect_xid=False, collect_processes=kind == "refresh-processes")
         warm_registry = CollectorRegistry()
         warm_registry.register(ResourceCollector(warm))
-        generate_latest(warm_registry)
+        renderer = Renderer()  # what /metrics renders with (prometheus_client's encoder: "render_client")
+        renderer.text(warm_registry.collect())
+        client = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            generate_latest(warm_registry)
+            renderer.text(warm_registry.collect())
             render.append((time.perf_counter() - t0) * 1000)
-        return {"cpu": cpu, "wall": wall, "calls": calls, "build": build, "render_total": render,
+            t0 = time.perf_counter()
+            generate_latest(warm_registry)
+            client.append((time.perf_counter() - t0) * 1000)
+        return {"cpu": cpu, "wall": wall, "calls": calls, "build": build, "render_total": render, "render_client": client,
                 "series": sum(len(f.samples) for f in families)}
     if kind == "api":
         warm = ResourceMonitor(cache_ttl=3600)
@@ -275,6 +358,106 @@ class Table:
             print(f"| {name.ljust(w0)} | {text.ljust(w1)} | {target} |")
 
 
+def import_costs() -> dict[str, float]:
+    """RSS of a fresh python, then after each import in turn (what the imports cost)."""
+    code = ("import importlib, json\n"
+            "def rss():\n"
+            "    for line in open('/proc/self/status'):\n"
+            "        if line.startswith('VmRSS:'): return int(line.split()[1]) / 1024\n"
+            "out = {'python': rss()}\n"
+            "for m, k in (('prometheus_client', 'prometheus_client'), ('pynvml', 'pynvml'), ('exporter.cli', 'exporter')):\n"
+            "    importlib.import_module(m); out[k] = rss()\n"
+            "print(json.dumps(out))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def cold_p(env: Env, scenario: Scenario, runs: int, n: int, *flags: str, accept: str | None = None) -> tuple[list[float], list[float]]:
+    p50s, p99s = [], []
+    for _ in range(runs):
+        proc, port, _ = start_exporter(env.env(scenario), "--collect.cache-ttl=0", *flags)
+        try:
+            scrape_latencies(port, 10, accept, False)
+            lat = scrape_latencies(port, n, accept, False)
+        finally:
+            stop(proc)
+        p50s.append(percentile(lat, 0.5))
+        p99s.append(percentile(lat, 0.99))
+    return p50s, p99s
+
+
+def cold_lines(env: Env, table: Table, quick: bool, runs: int, scrapes: int) -> None:
+    """The headline: cold scrapes (every scrape a full refresh and render)."""
+    n = scrapes // 2
+    eight = env.scenario(8)
+    p50s, p99s = cold_p(env, eight, runs, n)
+    table.add("COLD scrape 8 GPUs, TTL 0, p50", summary(p50s), "ms")
+    table.add("COLD scrape 8 GPUs, TTL 0, p99", summary(p99s), "ms")
+    resmon_p50 = statistics.median(p50s)
+    # the default 1 s TTL, scrapes spaced past it (Prometheus' 15 s interval, compressed)
+    spaced = []
+    for _ in range(runs):
+        proc, port, _ = start_exporter(env.env(eight))
+        try:
+            spaced.append(percentile(spaced_latencies(port, 3 if quick else 15, 1.05), 0.5))
+        finally:
+            stop(proc)
+    table.add("COLD scrape 8 GPUs, default TTL, spaced 1.05 s, p50", summary(spaced), "ms")
+    nv_p50s = []
+    for _ in range(runs):
+        started = start_nvitop(env.env(eight))
+        if started is None:
+            break
+        proc, port = started
+        try:
+            scrape_latencies(port, 10, None, False)
+            nv_p50s.append(percentile(scrape_latencies(port, n, None, False), 0.5))
+        finally:
+            stop(proc)
+    if nv_p50s:
+        table.add("nvitop-exporter scrape 8 GPUs, same fake, p50", summary(nv_p50s), "ms")
+        table.add("COLD resmon p50 / nvitop-exporter p50, 8 GPUs", resmon_p50 / statistics.median(nv_p50s), "x",
+                  "scrape_cold_8_vs_nvitop")
+    else:
+        table.add("nvitop-exporter: not installed (NVITOP_EXPORTER or PATH), no ratio", 0.0, "")
+    p50s, p99s = cold_p(env, env.scenario(64), runs, n)
+    table.add("COLD scrape 64 GPUs, TTL 0, p50", summary(p50s), "ms")
+    table.add("COLD scrape 64 GPUs, TTL 0, p99", summary(p99s), "ms", "scrape_cold_64_p99")
+    sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(8 * 32)]
+    try:
+        busy = env.process_scenario(8, [p.pid for p in sleepers])
+        p50s, p99s = cold_p(env, busy, runs, n, "--collector.processes")
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    table.add("COLD scrape 8 GPUs x 32 processes, --collector.processes, p50", summary(p50s), "ms")
+    table.add("COLD scrape 8 GPUs x 32 processes, --collector.processes, p99", summary(p99s), "ms", "scrape_cold_processes_p99")
+    p50s, p99s = cold_p(env, env.named("mig-8", mig_machine(8)), runs, n)
+    table.add("COLD scrape 8 GPUs x 7 MIG instances, p50", summary(p50s), "ms")
+    table.add("COLD scrape 8 GPUs x 7 MIG instances, p99", summary(p99s), "ms")
+    p50s, p99s = cold_p(env, env.health_scenario(8), runs, n)
+    table.add("COLD scrape 8 H100-class GPUs, every v2 collector answering, p50", summary(p50s), "ms")
+    table.add("COLD scrape 8 H100-class GPUs, every v2 collector answering, p99", summary(p99s), "ms")
+    # simulated NVML latency: the refresh of 8 GPUs against 1 (GPUs read in parallel)
+    walls = {}
+    for count in (1, 8):
+        results = [run_inner(env, "refresh", count, 10 if quick else 50, env.named(f"delayed-{count}", delayed(machine(count))))
+                   for _ in range(runs)]
+        walls[count] = statistics.median([statistics.median(r["wall"]) for r in results])
+        table.add(f"refresh {count} GPU(s), {DELAY_US} us/call + {PROCESS_DELAY_US} us/process list, wall",
+                  summary([statistics.median(r["wall"]) for r in results]), "ms")
+    table.add("refresh with simulated latency, 8 GPUs / 1 GPU", walls[8] / walls[1] if walls[1] else 0.0, "x",
+              "refresh_delayed_ratio")
+    p50s, p99s = cold_p(env, env.named("delayed-scrape-8", delayed(machine(8))), runs, n)
+    table.add(f"COLD scrape 8 GPUs, simulated latency ({DELAY_US} us/call), p50", summary(p50s), "ms")
+    imports = import_costs()
+    table.add("RSS of a bare python", imports["python"], "MiB")
+    table.add("  + prometheus_client", imports["prometheus_client"] - imports["python"], "MiB")
+    table.add("  + pynvml", imports["pynvml"] - imports["prometheus_client"], "MiB")
+    table.add("  + the exporter (cli and what it imports)", imports["exporter"] - imports["pynvml"], "MiB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -291,7 +474,8 @@ def main() -> int:
     table = Table()
     with tempfile.TemporaryDirectory(prefix="resmon-bench-") as tmp:
         env = Env(Path(tmp))
-        # warm scrapes: the snapshot is cached (TTL 1 h), so this is HTTP + exposition
+        cold_lines(env, table, quick, runs, scrapes)
+        # warm scrapes (secondary): the snapshot is cached (TTL 1 h), so this is HTTP + exposition
         for count in (1, 8, 64):
             scenario = env.scenario(count)
             for label, accept, gz in (("text", None, False), ("text+gzip", None, True),
@@ -337,8 +521,10 @@ def main() -> int:
             total = statistics.median([statistics.median(r["render_total"]) for r in results])
             refresh = statistics.median([statistics.median(r["wall"]) for r in results])
             table.add(f"{count} GPU(s): families from a snapshot", build, "ms")
+            client = statistics.median([statistics.median(r["render_client"]) for r in results])
             table.add(f"{count} GPU(s): exposition share of a cold scrape",
                       100 * total / (total + refresh), "%")
+            table.add(f"{count} GPU(s): render time, direct renderer / prometheus_client", total / client if client else 0.0, "x")
         # the same 8 GPUs as datacenter boards answering every health family, side by side
         plain = [run_inner(env, "refresh", 8, 20 if quick else 200) for _ in range(runs)]
         health = [run_inner(env, "refresh", 8, 20 if quick else 200, env.health_scenario(8)) for _ in range(runs)]

@@ -15,7 +15,10 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     table = result.stdout
-    for needle in ("warm scrape 8 GPU(s) text p99", "warm scrape 64 GPU(s) OpenMetrics+gzip p50",
+    for needle in ("COLD scrape 8 GPUs, TTL 0, p50", "COLD scrape 8 GPUs, default TTL, spaced", "nvitop-exporter",
+                   "COLD scrape 64 GPUs, TTL 0, p99", "8 GPUs x 32 processes", "8 GPUs x 7 MIG instances",
+                   "every v2 collector answering", "refresh with simulated latency, 8 GPUs / 1 GPU",
+                   "+ prometheus_client", "warm scrape 8 GPU(s) text p99", "warm scrape 64 GPU(s) OpenMetrics+gzip p50",
                    "cold scrape 64 GPU(s) text p99", "cold refresh 8 GPU(s), CPU", "NVML calls per refresh, 8 GPU(s)",
                    "exposition share", "get_current_resources() warm", "get_current_resources() cold",
                    "seed Mai approach per call", "start to /-/ready", "RSS after start", "RSS after 1000 scrapes",
@@ -24,9 +27,14 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                    "processes collector on / off", "RSS with the kubelet socket present"):
         assert needle in table, needle
     figures = json.loads(out.read_text())
-    assert set(figures) == {"scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm", "rss_start",
-                            "idle_wakeups"}
+    # the nvitop-exporter ratio is there only where nvitop-exporter is installed
+    assert set(figures) - {"scrape_cold_8_vs_nvitop"} == {
+        "scrape_cold_64_p99", "scrape_cold_processes_p99", "refresh_delayed_ratio",
+        "scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm", "rss_start", "idle_wakeups"}
+    # the headline comes first: cold, then warm
+    assert table.index("COLD scrape 8 GPUs, TTL 0, p50") < table.index("warm scrape 8 GPU(s) text p99")
     # units as the table prints them: ms, MiB, a count; a figure that was never measured is 0
-    assert all(figures[k] > 0 for k in ("scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm"))
+    assert all(figures[k] > 0 for k in ("scrape_cold_64_p99", "scrape_cold_processes_p99", "refresh_delayed_ratio",
+                                        "scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm"))
     assert 10 < figures["rss_start"] < 1024  # MiB: a live Python process, not bytes or kB
     assert figures["idle_wakeups"] == int(figures["idle_wakeups"]) >= 0  # a count of context switches
