@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -28,12 +29,18 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from fakenvml import build_fake  # noqa: E402  (the test rig)
+from fakenvml import MIB, build_fake  # noqa: E402  (the test rig)
 from fleet import JOB, Fleet, Node, cpu_seconds, fleet_nodes, rss_bytes, wait_fleet_up  # noqa: E402
 from promstack import RULES, panel_targets  # noqa: E402
 
 FLEET_DASHBOARD = REPO / "dashboards" / "resmon-fleet.json"
-MIB = 1024**2
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a timeout, a CI runner cancelling) as SystemExit, so measure()'s finally
+    stops the exporters, Prometheus and the fake kubelet instead of orphaning them."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the clean-up
+    raise SystemExit(128 + signum)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -183,6 +190,7 @@ def main() -> int:
     parser.add_argument("--interval", default="1s", help="scrape and evaluation interval (default 1s)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     defaults = (4, 10.0, 3) if args.quick else (24, 120.0, 20)
     args.nodes = args.nodes or defaults[0]
     args.duration = args.duration or defaults[1]

@@ -10,8 +10,10 @@ the helpers below, so the errno policy lives here and nowhere else:
   file does not exist on this board: no fan, no edge sensor on MI300), EOPNOTSUPP /
   EINVAL / ENODATA (the SMU has no such sensor), EPERM / EACCES / EBUSY / EAGAIN (the
   GPU is runtime-suspended or in reset: newer kernels answer EPERM rather than waking it),
-  EIO / ETIMEDOUT (one SMU message failed) and text that is not a number: one odd answer
-  never takes a working card down, and is never exported as 0.
+  EIO / ETIMEDOUT (one SMU message failed), text that is not a number and a number out of
+  range (sysfs values are u64: more than 20 digits, or 2**64 and over, is garbage, and
+  would otherwise overflow a float in the exposition): one odd answer never takes a
+  working card down, and is never exported as 0.
 
 A read that blocks (a hung SMU) is not handled here: the whole refresh runs on the
 monitor's one GPU worker thread, bounded by --collect.timeout like a hung NVML call.
@@ -25,6 +27,9 @@ import re
 
 # sysfs attributes are at most one page
 _PAGE = 4096
+# u64, the widest sysfs number: "18446744073709551615" is 20 digits
+_MAX_DIGITS = 20
+_U64_LIMIT = 2**64
 # The driver says the device itself is gone.
 GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENXIO})
 
@@ -56,11 +61,6 @@ def read(path: str, owner: str) -> str | None:
         return None
 
 
-def exists(path: str) -> bool:
-    """Whether an attribute or directory is there (hwmon files, KFD)."""
-    return os.path.exists(path)
-
-
 def listdir(path: str, owner: str | None = None) -> list[str] | None:
     """A directory's entries; None when it does not exist or cannot be listed. With
     owner, a vanished owner raises Gone as read() does."""
@@ -90,13 +90,15 @@ def _classify(exc: OSError, owner: str) -> None:
 
 def integer(text: str | None) -> int | None:
     """A decimal integer attribute (bytes, microwatts, millidegrees, hertz, percent); None
-    for garbage. Negative values are garbage too: none of these files can be negative."""
+    for garbage. Negative values are garbage too: none of these files can be negative; so
+    is anything a u64 cannot hold (checked on the length first: no int() of a page of digits)."""
     if text is None:
         return None
     text = text.strip()
-    if not text.isascii() or not text.isdecimal():
+    if not text.isascii() or not text.isdecimal() or len(text) > _MAX_DIGITS:
         return None
-    return int(text)
+    value = int(text)
+    return value if value < _U64_LIMIT else None
 
 
 def percent_ratio(text: str | None) -> float | None:
@@ -127,7 +129,10 @@ def dpm_levels(text: str | None) -> tuple[float | None, float | None]:
         match = _DPM_LINE.fullmatch(line)
         if match is None:
             return None, None
-        hertz = int(match["mhz"]) * 1e6
+        mhz = integer(match["mhz"])
+        if mhz is None:  # out of range: the table is garbage
+            return None, None
+        hertz = mhz * 1e6
         if match["current"]:
             current = hertz
         if match["level"] != "S" and (highest is None or hertz > highest):
@@ -150,6 +155,7 @@ def properties(text: str | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in (text or "").splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdecimal():
-            out[parts[0]] = int(parts[1])
+        value = integer(parts[1]) if len(parts) == 2 else None
+        if value is not None:
+            out[parts[0]] = value
     return out

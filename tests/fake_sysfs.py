@@ -4,13 +4,18 @@ Like the kernel's: /class/drm/cardN are relative symlinks into the PCI device tr
 (devices/pci0000:00/<bridge>/<bdf>/drm/cardN), each card's ``device`` links back to its PCI
 device, whose ``driver`` links to bus/pci/drivers/<driver> and whose ``uevent`` says
 DRIVER= and PCI_ID=; connectors (cardN-DP-1) and render nodes (renderD128) sit next to the
-cards; hwmon lives in <bdf>/hwmon/hwmonM with name=amdgpu; compute partitions are extra
-cards under devices/platform/amdgpu_xcp.N; the KFD topology (class/kfd/kfd/topology/nodes)
-and proc (class/kfd/kfd/proc/<pid>/vram_<gpu_id>) are there. Writes are atomic (rename), as
-a sysfs read never sees half a value.
+cards; hwmon lives in <bdf>/hwmon/hwmonM with name=amdgpu (rx7900 also has another hwmon
+device, numbered first, that is not the GPU's); compute partitions are extra cards under
+devices/platform/amdgpu_xcp.N and extra KFD nodes whose location_id has the partition's
+node id ORed in, as the kernel does (kfd_partition); the KFD topology
+(class/kfd/kfd/topology/nodes, location_id = bus << 8 | devfn, and the PCI domain) and proc
+(class/kfd/kfd/proc/<pid>/vram_<gpu_id>) are there. Writes are atomic (rename), as a sysfs
+read never sees half a value.
 
 Boards: rx7900() a discrete card with a fan, mi300x() (no edge sensor, no fan, power1_input
 only, FRU product name), apu() (no fan, no memory clock, small VRAM, large GTT, no unique_id).
+The hwmon clocks (freq*_input, an average) differ from the starred pp_dpm level, as on real
+boards, so a test can tell which one was used.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Board:
     hwmon: dict[str, str] = field(default_factory=dict)  # files in hwmon/hwmonM
     hwmon_index: int = 0
     driver: str = "amdgpu"
+    other_hwmon: dict[int, dict[str, str]] = field(default_factory=dict)  # hwmonM -> files: not amdgpu's
 
 
 def rx7900(pci: str = "0000:03:00.0", card: int = 1, gpu_id: int = 47823) -> Board:
@@ -55,9 +61,9 @@ def rx7900(pci: str = "0000:03:00.0", card: int = 1, gpu_id: int = 47823) -> Boa
         "temp3_input": "70000", "temp3_label": "mem", "temp1_crit": "100000",
         "power1_average": "287000000", "power1_cap": "355000000", "power1_cap_max": "402000000",
         "pwm1": "102", "pwm1_enable": "2", "fan1_input": "1450",
-        "freq1_input": "1950000000", "freq1_label": "sclk", "freq2_input": "1249000000", "freq2_label": "mclk",
+        "freq1_input": "1948000000", "freq1_label": "sclk", "freq2_input": "1248000000", "freq2_label": "mclk",
         "in0_input": "900",
-    }, hwmon_index=3)
+    }, hwmon_index=3, other_hwmon={0: {"name": "nvme", "temp1_input": "35000", "power1_average": "9000000"}})
 
 
 def mi300x(pci: str = "0000:c3:00.0", card: int = 12, gpu_id: int = 2189) -> Board:
@@ -71,7 +77,7 @@ def mi300x(pci: str = "0000:c3:00.0", card: int = 12, gpu_id: int = 2189) -> Boa
     }, hwmon={  # GC 9.4.3: no edge sensor, no fan, no average power
         "name": "amdgpu", "temp2_input": "58000", "temp2_label": "junction", "temp3_input": "49000", "temp3_label": "mem",
         "power1_input": "612000000", "power1_cap": "750000000",
-        "freq1_input": "1300000000", "freq2_input": "1300000000",
+        "freq1_input": "1302000000", "freq2_input": "1299000000",
     }, hwmon_index=7)
 
 
@@ -83,7 +89,7 @@ def apu(pci: str = "0000:05:00.0", card: int = 0, gpu_id: int = 60251) -> Board:
         "pp_dpm_sclk": "0: 200Mhz *\n1: 1400Mhz\n",
     }, hwmon={  # no fan, no mclk, only the edge sensor; power1_average is the whole package
         "name": "amdgpu", "temp1_input": "48000", "temp1_label": "edge",
-        "power1_average": "15000000", "freq1_input": "200000000", "in0_input": "700", "in1_input": "800",
+        "power1_average": "15000000", "freq1_input": "201000000", "in0_input": "700", "in1_input": "800",
     }, hwmon_index=1)
 
 
@@ -102,8 +108,8 @@ class FakeSysfs:
     # -- shapes -------------------------------------------------------------------------
 
     def device_dir(self, pci: str) -> Path:
-        bus = pci.split(":")[1]
-        return self.root / "devices" / "pci0000:00" / f"0000:00:{int(bus, 16) % 32:02x}.1" / pci
+        domain, bus = pci.split(":")[:2]
+        return self.root / "devices" / f"pci{domain}:00" / f"{domain}:00:{int(bus, 16) % 32:02x}.1" / pci
 
     def _link(self, link: Path, target: Path) -> None:
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -145,18 +151,35 @@ class FakeSysfs:
         drm = self.root / "class" / "drm"
         for node in (card, render, connector):
             self._link(drm / node.name, node)
-        if board.hwmon:
-            hw = d / "hwmon" / f"hwmon{board.hwmon_index}"
-            for name, text in board.hwmon.items():
+        for index, files in ((board.hwmon_index, board.hwmon), *board.other_hwmon.items()):
+            if not files:
+                continue
+            hw = d / "hwmon" / f"hwmon{index}"
+            for name, text in files.items():
                 self.write(hw / name, text)
             self._link(hw / "device", d)
         if board.driver != "amdgpu":
             return board
-        bus, dev, fn = int(board.pci[5:7], 16), int(board.pci[8:10], 16), int(board.pci[11])
-        self._node(str(len(list((self.kfd / "topology" / "nodes").iterdir()))), board.gpu_id,
-                   {"cpu_cores_count": 0, "simd_count": 304, "location_id": (bus << 8) | (dev << 3) | fn, "domain": 0,
-                    "drm_render_minor": 128 + board.card})
+        self.kfd_node(board.pci, board.gpu_id, render_minor=128 + board.card)
         return board
+
+    def kfd_node(self, pci: str, gpu_id: int, location_or: int = 0, render_minor: int = 0) -> None:
+        """A KFD topology node of a GPU: location_id = bus << 8 | devfn (| location_or), domain."""
+        domain, bus, rest = pci.split(":")
+        dev, fn = rest.split(".")
+        location = (int(bus, 16) << 8) | (int(dev, 16) << 3) | int(fn)
+        self._node(str(len(list((self.kfd / "topology" / "nodes").iterdir()))), gpu_id,
+                   {"cpu_cores_count": 0, "simd_count": 304, "location_id": location | location_or,
+                    "domain": int(domain, 16), "drm_render_minor": render_minor})
+
+    def kfd_partition(self, pci: str, node_id: int, gpu_id: int, high_bits: bool = False) -> None:
+        """The KFD node of compute partition node_id (1..) of a card in CPX/DPX mode: the kernel
+        ORs node_id into location_id (a reverted patch put it at bits 31:28: high_bits)."""
+        self.kfd_node(pci, gpu_id, location_or=node_id << 28 if high_bits else node_id)
+
+    def module_version(self, text: str) -> None:
+        """/sys/module/amdgpu/version: a DKMS build of the driver (the in-tree one has none)."""
+        self.write(self.root / "module" / "amdgpu" / "version", text)
 
     def add_partition(self, index: int, card: int) -> None:
         """An MI300 compute partition: a DRM card on a platform device without amdgpu's files."""
@@ -204,11 +227,12 @@ class FakeSysfs:
 
 
 def standard(root: Path) -> FakeSysfs:
-    """A discrete card (card1) and an MI300X numbered card12 with a partition card13, an
-    Intel iGPU to be ignored, and one KFD process on each AMD GPU."""
+    """A discrete card (card1) and an MI300X numbered card12 with a compute partition (card13,
+    KFD gpu_id 2190, node id 1 ORed into its location_id), and an Intel iGPU to be ignored."""
     tree = FakeSysfs(root)
     tree.add(rx7900())
-    tree.add(mi300x())
+    mi = tree.add(mi300x())
     tree.add_partition(0, 13)
+    tree.kfd_partition(mi.pci, 1, 2190)
     tree.other_card()
     return tree

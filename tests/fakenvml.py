@@ -113,7 +113,11 @@ GPM and MIG keys (issue 13), per GPU as gpu.<i>.<key>. Without them every call a
                                    or foreign sample, version != 1 or numMetrics > 477
                                    Samples: calloc'd by nvmlGpmSampleAlloc, counted; one still
                                    allocated at the last nvmlShutdown is reported on stderr
-                                   ("fake-nvml: N GPM samples still allocated at nvmlShutdown")
+                                   ("fake-nvml: N GPM samples still allocated at nvmlShutdown");
+                                   one used by SampleGet / MigSampleGet / MetricsGet / SampleFree
+                                   after the last nvmlShutdown since its allocation is refused
+                                   (INVALID_ARGUMENT) and reported ("fake-nvml: GPM sample used
+                                   after free: ...")
     mig_devices=<gi>:<ci>:<profile>:<uuid>:<mem_total>:<mem_used>|empty|invalid,...
                                    MIG on with full MIG devices (at most 8 slots): MaxMigDeviceCount
                                    = the slots, HandleByIndex on "empty" NOT_FOUND, on "invalid"

@@ -21,6 +21,7 @@ import yaml
 from fakenvml import GIB, MIB, Exporter, Scenario, gpu_keys, nvml_env
 from promstack import (PromApi, Webhook, alertmanager_config, free_port, http_json, need, start_logged, stop_all,
                        wait_until)
+from scenarios import hopper_board
 
 JOB = "resmon"
 DRIVER_VERSION = "550.54.15"
@@ -90,8 +91,6 @@ class Gpu:
         return 5 + (self.node * 8 + self.index) * 11 % 60 if self.health else None
 
     def keys(self) -> dict[str, Any]:
-        from scenarios import hopper_board
-
         base = hopper_board(self.index) if self.health else {}
         if self.health:
             base.update(gpu_keys(self.index, gpm=1, gpm__2=self.sm_active, gpm__5=self.tensor_active))
@@ -267,8 +266,13 @@ class Fleet:
             users = GpuUsers(directory, (node.gpus[0].uuid, node.gpus[1].uuid))
             values.update(users.scenario())
             args += users.args()
-        scenario = Scenario(directory / "scenario.txt", values)
-        return Member(node, scenario, Exporter(args, nvml_env(self.lib, scenario)), users)
+        try:
+            scenario = Scenario(directory / "scenario.txt", values)
+            return Member(node, scenario, Exporter(args, nvml_env(self.lib, scenario)), users)
+        except BaseException:
+            if users is not None:  # not a member yet: stop() would not find its children
+                users.stop()
+            raise
 
     # -- use ----------------------------------------------------------------------------------
 

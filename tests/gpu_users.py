@@ -32,7 +32,19 @@ class GpuUsers:
     def __init__(self, root: Path, uuids: tuple[str, str]) -> None:
         """uuids: of the node's GPUs 0 and 1, which the kubelet hands out."""
         self.uuids = uuids
-        self.children = [subprocess.Popen(["sleep", "3600"]) for _ in range(2)]
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.socket_dir: str | None = None
+        self.kubelet: FakeKubelet | None = None
+        try:
+            self._start(root)
+        except BaseException:
+            self.stop()  # the children and the socket directory made so far
+            raise
+
+    def _start(self, root: Path) -> None:
+        uuids = self.uuids
+        for _ in range(2):  # one at a time: a failed second start still leaves the first to stop()
+            self.children.append(subprocess.Popen(["sleep", "3600"]))
         self.host_pid, self.pod_pid = (c.pid for c in self.children)
         self.procfs, self.pod_logs = root / "proc", root / "pods"
         (self.procfs / "self").mkdir(parents=True)  # what the exporter checks a procfs by
@@ -48,13 +60,15 @@ class GpuUsers:
         (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer").mkdir(parents=True)
         (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer" / "0.log").write_text("")
         self.socket_dir = short_socket_dir()
-        self.kubelet = FakeKubelet(str(Path(self.socket_dir) / "kubelet.sock")).start()
+        self.kubelet = FakeKubelet(str(Path(self.socket_dir) / "kubelet.sock"))  # stop() is safe before start()
+        self.kubelet.start()
         self.kubelet.pods = [
             Pod("team-a", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [f"{uuids[0]}::0"])])]),
             Pod("team-b", "notebook-1", [Container("lab", [Device("nvidia.com/gpu", [f"{uuids[0]}::1", uuids[1]])])]),
         ]
 
     def args(self) -> list[str]:
+        assert self.kubelet is not None, "stopped"
         return ["--collector.processes", f"--path.procfs={self.procfs}", f"--kubernetes.pod-logs-dir={self.pod_logs}",
                 f"--kubernetes.pod-resources-socket={self.kubelet.socket_path}", "--kubernetes.cache-ttl=500ms"]
 
@@ -68,8 +82,14 @@ class GpuUsers:
         return pwd.getpwuid(os.getuid()).pw_name
 
     def stop(self) -> None:
-        self.kubelet.stop()
-        shutil.rmtree(self.socket_dir, ignore_errors=True)
+        """Idempotent, and safe on a half-started instance (__init__ calls it on failure)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+            self.kubelet = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
         for child in self.children:
-            child.kill()
+            if child.poll() is None:
+                child.kill()
             child.wait(5)

@@ -3,6 +3,7 @@ with the processes collector, a real gRPC kubelet listing amd.com/gpu ids, promt
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,12 +14,14 @@ import pytest
 
 from fake_kubelet import Container, Device, Pod
 from fake_sysfs import GIB, FakeSysfs, rx7900, standard
-from fakenvml import REPO, Exporter
+from fakenvml import REPO, Exporter, nvml_env
+from scenarios import three_gpus
 from workloads import CID, CID2, UID, UID2, container_logs, pod_logs, procfs_tree, systemd_containerd
 
 RX, MI = "0000:03:00.0", "0000:c3:00.0"
 RX_UUID, MI_UUID = "GPU-a4e8c1b26c2f0001", "GPU-3e52f2a4b7c10d12"
-RX_GPU_ID, MI_GPU_ID = 47823, 2189
+RX_GPU_ID, MI_GPU_ID, MI_PART1_GPU_ID = 47823, 2189, 2190  # 2190: the MI300X's compute partition 1
+FAKE_SMI = Path(__file__).parent / "fake_smi" / "fake_smi.py"
 
 
 @pytest.fixture
@@ -94,7 +97,7 @@ def test_processes_and_kubelet_amd_ids_resolve_to_these_gpus(amd, tmp_path, kube
     tree = standard(tmp_path / "sys")
     a, b = workloads.start("trainer"), workloads.start("infer")
     tree.process(a, {RX_GPU_ID: 3 * GIB, MI_GPU_ID: 0})
-    tree.process(b, {MI_GPU_ID: 5 * GIB, RX_GPU_ID: 0})
+    tree.process(b, {MI_GPU_ID: GIB, MI_PART1_GPU_ID: 4 * GIB, RX_GPU_ID: 0})  # on two partitions: summed
     proc = procfs_tree(tmp_path / "proc", {a: systemd_containerd(UID, CID), b: systemd_containerd(UID2, CID2, "besteffort")})
     logs = pod_logs(tmp_path / "pods", [("ml", "train-0", UID, ["trainer"]), ("ml", "serve-0", UID2, ["server"])])
     links = container_logs(tmp_path / "containers", logs, [("ml", "train-0", UID, "trainer", CID)])
@@ -104,9 +107,14 @@ def test_processes_and_kubelet_amd_ids_resolve_to_these_gpus(amd, tmp_path, kube
         Pod("ml", "other", [Container("c", [Device("amd.com/gpu", ["0000:99:00.0"])])]),  # not on this host: left out
     ]
     kubelet.start()
-    s = amd("--gpu.backend=amdgpu", "--collector.processes", f"--path.procfs={proc}", f"--kubernetes.pod-logs-dir={logs}",
-            f"--kubernetes.container-logs-dir={links}", f"--kubernetes.pod-resources-socket={kubelet.socket_path}",
-            root=tree.root).scrape()
+    exporter = amd("--gpu.backend=amdgpu", "--collector.processes", f"--path.procfs={proc}",
+                   f"--kubernetes.pod-logs-dir={logs}", f"--kubernetes.container-logs-dir={links}",
+                   f"--kubernetes.pod-resources-socket={kubelet.socket_path}", root=tree.root)
+    # the kubelet List runs on a background thread: wait for it, and for what it feeds
+    s = exporter.wait_for(lambda s: [v for _, v in s.series("resmon_collector_success", collector="kubernetes")] == [1]
+                          and len(s.series("resmon_gpu_allocation_info")) == 2
+                          and len(s.series("resmon_gpu_process_memory_used_bytes")) == 2
+                          and all(l.get("pod") for l, _ in s.series("resmon_gpu_process_memory_used_bytes")))
     alloc = {(l["gpu"], l["uuid"], l["pod"], l["device_id"]) for l, _ in s.series("resmon_gpu_allocation_info")}
     assert alloc == {("0", RX_UUID, "train-0", RX), ("1", MI_UUID, "serve-0", MI + "-slice-1")}
     mem = {(l["gpu"], l["pid"], l["process"], l["pod"], l["container"]): v
@@ -124,6 +132,57 @@ def test_auto_chooses_amdgpu_after_nvml(amd, tmp_path):
     assert s.value("resmon_gpu_backend_info", backend="amdgpu") == 1 and s.value("resmon_gpu_up", gpu="0") == 1
     line = next(l for l in exporter.stderr_lines if "GPU backend selected" in l)
     assert "backend=amdgpu" in line and "nvml:" in line  # why NVML was skipped
+
+
+def test_auto_prefers_nvml_over_amdgpu(run_exporter, scenario, tmp_path):
+    tree = standard(tmp_path / "sys")  # AMD cards in sysfs, and NVML (the fake) sees GPUs too
+    scenario.write(three_gpus())
+    exporter = run_exporter("--gpu.backend=auto", f"--path.sysfs={tree.root}", "--no-collector.kubernetes")
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_backend_info", backend="nvml") == 1 and not s.has("resmon_gpu_backend_info", backend="amdgpu")
+    assert s.value("resmon_gpu_devices") == 3 and not s.series("resmon_gpu_gtt_total_bytes")
+
+
+def test_auto_prefers_amdgpu_over_gpu_tracker(tmp_path):
+    tree = standard(tmp_path / "sys")
+    bin_dir, no_nvml = tmp_path / "bin", tmp_path / "no-nvml"
+    bin_dir.mkdir()
+    no_nvml.mkdir()
+    (bin_dir / "amd-smi").symlink_to(FAKE_SMI)  # an amd-smi that answers, the gpu-tracker extra installed
+    smi = tmp_path / "smi.json"
+    smi.write_text(json.dumps({"amd": {"gpus": [{"uuid": "b2ff7400-0000-1000-80f6-6b71f7d7d1e2", "total_mib": 196592,
+                                                 "used_mib": 1600, "util": 75}]}}))
+    env = nvml_env(no_nvml, None)
+    env.update(PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", FAKE_SMI_SCENARIO=str(smi),
+               FAKE_SMI_TRACE=str(tmp_path / "smi-trace.txt"))
+    exporter = Exporter(["--gpu.backend=auto", f"--path.sysfs={tree.root}", "--no-collector.kubernetes"], env)
+    try:
+        exporter.wait_listening()
+        exporter.wait_ready()
+        s = exporter.scrape()
+        assert s.value("resmon_gpu_backend_info", backend="amdgpu") == 1 and s.value("resmon_gpu_devices") == 2
+        assert not (tmp_path / "smi-trace.txt").exists()  # amd-smi never run
+    finally:
+        exporter.stop()
+
+
+def test_an_oversized_number_is_absent_and_the_scrape_works(amd, tmp_path):
+    tree = standard(tmp_path / "sys")
+    huge = "9" * 400
+    tree.set(RX, "mem_info_vram_total", huge)  # a bytes file
+    tree.set(MI, "hwmon:power1_input", huge)  # a hwmon file
+    tree.set(RX, "pp_dpm_sclk", f"0: 500Mhz\n1: {huge}Mhz *\n")  # a dpm table
+    exporter = amd("--gpu.backend=amdgpu", root=tree.root)
+    status, _, _ = exporter.request("/metrics")
+    assert status == 200
+    s = exporter.scrape()
+    rx, mi = {"gpu": "0", "uuid": RX_UUID}, {"gpu": "1", "uuid": MI_UUID}
+    assert s.value("resmon_gpu_up", **rx) == 1 and s.value("resmon_gpu_up", **mi) == 1
+    assert s.value("resmon_collector_success", collector="gpu") == 1
+    assert not s.has("resmon_gpu_memory_total_bytes", **rx) and not s.has("resmon_gpu_power_watts", **mi)
+    assert not s.has("resmon_gpu_clock_max_hertz", clock="graphics", **rx)
+    assert s.value("resmon_gpu_clock_max_hertz", clock="memory", **rx) == 1249e6
+    assert s.value("resmon_gpu_utilization_ratio", **rx) == 0.87 and s.value("resmon_gpu_memory_total_bytes", **mi) == 192 * GIB
 
 
 def test_auto_without_amdgpu_cards_is_not_amdgpu(amd, tmp_path):

@@ -71,7 +71,8 @@ def test_console_script_serves(scenario, fake_libs, tmp_path):
     exporter = Exporter([], nvml_env(fake_libs["current"], scenario), command=[str(script)])
     try:
         exporter.wait_listening()
-        assert exporter.scrape().value("resmon_gpu_devices") == 3
+        # a scrape before the first GPU read is done serves the host alone (README, start-up)
+        assert exporter.wait_for(lambda s: s.has("resmon_gpu_devices")).value("resmon_gpu_devices") == 3
     finally:
         assert exporter.stop() == 0
 

@@ -883,6 +883,26 @@ def test_gpm_support_samples_and_exact_deltas(nvml):
     raises(INVALID_ARGUMENT, pynvml.nvmlGpmSampleGet, h0, ctypes.cast(ctypes.c_void_p(0), pynvml.c_nvmlGpmSample_t))
 
 
+def test_gpm_samples_die_with_the_init_that_allocated_them(nvml, capfd):
+    (h0,) = nvml({"count": 1, "gpu.0.gpm": 1, "gpu.0.gpm.2": 50})
+    a, b = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    pynvml.nvmlGpmSampleGet(h0, a)
+    capfd.readouterr()
+    pynvml.nvmlShutdown()  # the last one: a and b belong to a dead init now (real NVML may crash on them)
+    assert "GPM samples still allocated at nvmlShutdown" in capfd.readouterr().err
+    pynvml.nvmlInit()
+    fresh = pynvml.nvmlGpmSampleAlloc()
+    pynvml.nvmlGpmSampleGet(h0, fresh)
+    raises(INVALID_ARGUMENT, pynvml.nvmlGpmSampleGet, h0, b)
+    raises(INVALID_ARGUMENT, gpm_metrics, a, fresh, [2])
+    raises(INVALID_ARGUMENT, pynvml.nvmlGpmSampleFree, a)
+    err = capfd.readouterr().err
+    for fn in ("nvmlGpmSampleGet", "nvmlGpmMetricsGet", "nvmlGpmSampleFree"):
+        assert f"fake-nvml: GPM sample used after free: {fn} of a sample allocated before nvmlShutdown" in err, fn
+    pynvml.nvmlGpmSampleFree(fresh)  # this init's sample is fine
+    assert "used after free" not in capfd.readouterr().err
+
+
 def test_mig_devices_with_instances_profiles_memory_and_empty_slots(nvml):
     values = {**sc.profiling_machine(), "gpu.0.rc.nvmlGpmSampleGet": None}
     values = {k: v for k, v in values.items() if v is not None}

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import pytest
 import yaml
 
+import gpu_users
 from fakenvml import REPO
 from fleet import JOB, PODS_NODE, Fleet, Member, fleet_nodes, wait_fleet_up
-from gpu_users import POD_SM, POD_VRAM
+from gpu_users import POD_SM, POD_VRAM, GpuUsers
 from promstack import need, panel_targets, recording_rules, wait_until, write_test_rules
 from scenarios import GPU_IS_LOST
 
@@ -43,7 +46,7 @@ Expected = dict[Labels, Union[float, Callable[[float], bool]]]
 # -- the remote_write example (no fleet) -------------------------------------------------------------
 
 
-def promtool_check(config: Path) -> subprocess.CompletedProcess:
+def promtool_check(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([need("promtool"), "check", "config", str(config)], capture_output=True, text=True,
                           timeout=60)
 
@@ -68,7 +71,7 @@ def example_copy(tmp_path: Path, change: Callable[[dict[str, Any]], None] | None
     return path
 
 
-def test_remote_write_example_passes_promtool(tmp_path):
+def test_remote_write_example_passes_promtool(tmp_path: Path) -> None:
     result = promtool_check(example_copy(tmp_path))
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
     assert "WARNING" not in result.stdout + result.stderr  # every file it references was there and read
@@ -81,7 +84,7 @@ def test_remote_write_example_passes_promtool(tmp_path):
 
 
 @pytest.mark.parametrize("broken", ["unknown key", "bad relabel regex", "no url", "targets not a list"])
-def test_promtool_rejects_a_broken_remote_write(tmp_path, broken):
+def test_promtool_rejects_a_broken_remote_write(tmp_path: Path, broken: str) -> None:
     def change(doc: dict[str, Any]) -> None:
         rw = doc["remote_write"][0]
         if broken == "unknown key":
@@ -99,10 +102,126 @@ def test_promtool_rejects_a_broken_remote_write(tmp_path, broken):
 # -- the benchmark's quick mode (before the fleet fixture starts, so the two fleets do not overlap) --
 
 
-def test_quick_fleet_benchmark_prints_every_figure(tmp_path):
+BENCHMARK = [sys.executable, str(REPO / "benchmarks" / "fleet.py")]
+
+
+def stop_group(proc: subprocess.Popen[str], grace: float = 30) -> tuple[str, str]:
+    """Every process of proc's session (it was started with one of its own): SIGTERM, which
+    the benchmark turns into its fleet.stop(), then SIGKILL for whatever is left. What proc
+    wrote is returned."""
+    out: tuple[str, str] = ("", "")
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        out = proc.communicate(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    rest = proc.communicate()  # closes the pipes
+    return (out[0] or "") + (rest[0] or ""), (out[1] or "") + (rest[1] or "")
+
+
+def run_benchmark(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """The benchmark in a session of its own: subprocess.run's timeout would kill only
+    benchmarks/fleet.py, never reaching its finally, and orphan its exporters, Prometheus
+    and sleep children; here a timeout or any error stops the whole group."""
+    proc = subprocess.Popen(BENCHMARK + args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException:
+        stdout, stderr = stop_group(proc)
+        raise AssertionError(f"the benchmark did not finish within {timeout} s:\n{stdout}\n{stderr}") from None
+    stop_group(proc, grace=0)  # nothing should be left; if anything is, it goes
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> comm of every live process below pid (from /proc; zombies count as gone)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z":
+            children.setdefault(int(rest[1]), []).append((int(entry.name), comm))
+    found: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for child, comm in children.get(todo.pop(), []):
+            found[child] = comm
+            todo.append(child)
+    return found
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def test_a_terminated_fleet_benchmark_stops_its_fleet(tmp_path: Path) -> None:
+    """SIGTERM to benchmarks/fleet.py alone (as a runner's timeout sends it): its exporters,
+    Prometheus and the pods node's sleep children must all be gone when it has exited."""
+    log = tmp_path / "benchmark.log"
+    with log.open("w") as out:  # a file, not a pipe: orphans holding a pipe would block reading it
+        proc = subprocess.Popen(BENCHMARK + ["--quick", "--duration=600"], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        fleet_procs = wait_until("the benchmark's Prometheus", lambda: (
+            kids if "prometheus" in (kids := descendants(proc.pid)).values() else None), 180)
+        assert list(fleet_procs.values()).count("sleep") == 2, fleet_procs  # the pods node's GPU users
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == 128 + signal.SIGTERM, log.read_text()[-2000:]
+        # fleet.stop() waited for each of them, so none may be left, not even briefly
+        assert {pid: fleet_procs[pid] for pid in alive(fleet_procs)} == {}
+    finally:
+        stop_group(proc, grace=5)
+
+
+def test_gpu_users_that_fail_to_start_leave_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    socket_dirs: list[str] = []
+
+    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    def short_socket_dir() -> str:
+        socket_dirs.append(real_short_socket_dir())
+        return socket_dirs[-1]
+
+    def refuse(self: Any) -> Any:
+        raise OSError("the fake kubelet cannot bind")
+
+    real_short_socket_dir = gpu_users.short_socket_dir
+    monkeypatch.setattr(gpu_users.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(gpu_users, "short_socket_dir", short_socket_dir)
+    monkeypatch.setattr(gpu_users.FakeKubelet, "start", refuse)
+    with pytest.raises(OSError, match="cannot bind"):
+        GpuUsers(tmp_path, ("GPU-a", "GPU-b"))
+    assert len(started) == 2  # both children had been started
+    assert all(child.returncode is not None for child in started), "a sleep child leaked"
+    assert socket_dirs and not any(Path(d).exists() for d in socket_dirs)
+
+
+def test_quick_fleet_benchmark_prints_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "fleet.json"
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fleet.py"), "--quick", f"--json={out}"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = run_benchmark(["--quick", f"--json={out}"], timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for needle in ("exporters", "exporter CPU, % of one core", "exporter CPU per scrape", "exporter RSS",
                    "Prometheus RSS", "scrape_duration_seconds", "samples per scrape", "query GPUs up",
@@ -124,7 +243,7 @@ def test_quick_fleet_benchmark_prints_every_figure(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def fleet(fake_libs, tmp_path_factory):
+def fleet(fake_libs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The fleet with every node in its file_sd file. The last node is added only once the
     others are scraped: what Prometheus saw before and after is kept in fleet.discovery."""
     root = tmp_path_factory.mktemp("fleet")
@@ -152,7 +271,7 @@ def fleet(fake_libs, tmp_path_factory):
         f.stop()
 
 
-def test_file_sd_adds_a_node_without_restart(fleet):
+def test_file_sd_adds_a_node_without_restart(fleet: Fleet) -> None:
     names = [f"node-{n:02d}" for n in range(NODES)]
     assert fleet.discovery["before"] == {n: "up" for n in names[:-1]}
     assert fleet.discovery["after"] == {n: "up" for n in names}
@@ -299,7 +418,7 @@ def check(fleet: Fleet, what: str, expr: str, expected: Expected, timeout: float
         raise AssertionError(f"{what}: {expr}\n{len(problems)} problems, first: {problems[:8]}") from None
 
 
-def test_every_recording_rule_returns_its_series_over_the_fleet(fleet):
+def test_every_recording_rule_returns_its_series_over_the_fleet(fleet: Fleet) -> None:
     rules = recording_rules()
     expectations = recording_expectations(fleet)
     assert set(rules) == set(expectations), "a recording rule without an expectation in this test"
@@ -308,7 +427,7 @@ def test_every_recording_rule_returns_its_series_over_the_fleet(fleet):
     assert len(expectations["gpu:resmon_gpu_memory_used:ratio"]) == sum(len(m.node.gpus) for m in fleet.members) == 90
 
 
-def test_every_fleet_panel_returns_the_expected_series(fleet):
+def test_every_fleet_panel_returns_the_expected_series(fleet: Fleet) -> None:
     targets = panel_targets(FLEET_DASHBOARD)
     expectations = panel_expectations(fleet)
     assert {(title, ref) for title, ref, _, _ in targets} == set(expectations), "a panel query without an expectation"
@@ -319,7 +438,7 @@ def test_every_fleet_panel_returns_the_expected_series(fleet):
     assert 0 < expectations[("GPUs throttling", "A")][key({})] < 90
 
 
-def test_dashboard_variables_list_the_whole_fleet(fleet):
+def test_dashboard_variables_list_the_whole_fleet(fleet: Fleet) -> None:
     members = fleet.members
     assert {s["instance"] for s in fleet.prom.api("/api/v1/series", **{"match[]": "resmon_build_info"})} == {
         m.instance for m in members}
@@ -327,7 +446,7 @@ def test_dashboard_variables_list_the_whole_fleet(fleet):
     assert gpus == {str(i) for i in range(8)}
 
 
-def test_one_lost_gpu_pages_exactly_once(fleet):
+def test_one_lost_gpu_pages_exactly_once(fleet: Fleet) -> None:
     node, gpu = LOST
     member = fleet.member(node)
     total = sum(len(m.node.gpus) for m in fleet.members)
@@ -355,7 +474,7 @@ def test_one_lost_gpu_pages_exactly_once(fleet):
     check(fleet, "GPUs up again", "sum(resmon_gpu_up)", {key({}): total})
 
 
-def test_the_fleet_was_scraped_for_minutes(fleet):
+def test_the_fleet_was_scraped_for_minutes(fleet: Fleet) -> None:
     """Last: the checks above ran while Prometheus scraped; until every target has been
     scraped MIN_SCRAPES times, every panel and recording rule is checked again, so the
     expectations hold scrape after scrape, not once."""

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from exporter.backends.nvml_gpm import MIN_WINDOW, GpmReader, convert
+from exporter.backends.nvml_gpm import MAX_WINDOW, MIN_WINDOW, GpmReader, convert
 from exporter.backends.nvml_health import HealthReader
 from fakenvml import MIB, Scenario, load_in_process
 
@@ -109,6 +109,70 @@ def test_a_refused_sample_holds_one_buffer_and_no_window(gpu):
     gpu.clock.now += 5
     assert gpu.reader.read("k", gpu.handle, gpu.ask) is None
     assert gpu.trace.counts()["nvmlGpmSampleAlloc"] - gpu.before["nvmlGpmSampleAlloc"] == 1
+
+
+def allocated(gpu) -> int:
+    return gpu.trace.counts()["nvmlGpmSampleAlloc"] - gpu.before["nvmlGpmSampleAlloc"]
+
+
+def test_a_sample_older_than_max_window_is_never_a_baseline(gpu):
+    read = lambda: gpu.reader.read("k", gpu.handle, gpu.ask)  # noqa: E731
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is not None
+    gpu.clock.now += MAX_WINDOW + 1  # both kept samples too old: dropped, this one the first again
+    assert read() is None
+    assert len(gpu.reader._sources[("k", None)].kept) == 1
+    gpu.clock.now += 1.5
+    assert read() is not None
+    assert allocated(gpu) == 3  # the dropped ones were reused
+
+
+def test_a_device_that_went_down_starts_afresh(gpu):
+    read = lambda: gpu.reader.read("k", gpu.handle, gpu.ask)  # noqa: E731
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is not None
+    gpu.reader.drop("k")  # the backend marked it down (it may have been reset meanwhile)
+    gpu.clock.now += 1.5
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is not None
+    assert allocated(gpu) == 2  # the two dropped samples were reused
+
+
+def test_a_missing_symbol_turns_off_what_needs_it_until_the_next_init(gpu):
+    read = lambda **kw: gpu.reader.read("k", gpu.handle, gpu.ask, **kw)  # noqa: E731
+    gpu.scenario.update(**{"gpu.0.rc.nvmlGpmMigSampleGet": 13})  # FUNCTION_NOT_FOUND: R520
+    assert read(instance=1, tag="a") is None
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is not None  # the whole GPU's samples still work
+    gpu.scenario.update(**{"gpu.0.rc.nvmlGpmMigSampleGet": None, "gpu.0.rc.nvmlGpmSampleGet": 13})
+    gpu.clock.now += 1.5
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is None and gpu.reader.supported("k", gpu.handle, gpu.ask)  # off until the next init
+    gpu.scenario.update(**{"gpu.0.rc.nvmlGpmSampleGet": None})
+    gpu.reader.free_all()  # before nvmlShutdown / after a new nvmlInit: the symbols are asked again
+    assert gpu.reader.supported("k", gpu.handle, gpu.ask)
+    assert read() is None
+    gpu.clock.now += 1.5
+    assert read() is not None
+
+
+def test_a_library_fault_in_a_sample_call_keeps_the_buffer(gpu):
+    from exporter.nvml_errors import BackendDown
+
+    read = lambda: gpu.reader.read("k", gpu.handle, gpu.ask)  # noqa: E731
+    assert read() is None
+    gpu.scenario.update(**{"gpu.0.rc.nvmlGpmSampleGet": 1})  # UNINITIALIZED
+    with pytest.raises(BackendDown):
+        read()
+    source = gpu.reader._sources[("k", None)]
+    assert len(source.spare) + len(source.kept) == allocated(gpu) == 2  # none lost between the lists
+    gpu.reader.free_all()
+    assert gpu.trace.counts()["nvmlGpmSampleFree"] - gpu.before["nvmlGpmSampleFree"] == 2
 
 
 def metric(mid: int, value: float, rc: int = 0) -> SimpleNamespace:

@@ -42,7 +42,7 @@ COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kust
 # combinations a user may build (docs/kubernetes.md); amd excludes nvidia-runtime-class, and
 # non-root excludes what needs the host (process-attribution, privileged)
 COMBINATIONS = {
-    "all-nvidia": ("prometheus-operator", "grafana", "process-attribution", "privileged", "nvidia-runtime-class"),
+    "all-nvidia": ("prometheus-operator", "grafana", "process-attribution", "privileged", "nvidia-runtime-class", "gke"),
     "all-amd": ("prometheus-operator", "grafana", "process-attribution", "privileged", "amd"),
     "restricted": ("prometheus-operator", "grafana", "non-root"),
 }
@@ -158,6 +158,8 @@ def test_builds(built: dict[str, list[dict[str, Any]]], build: str) -> None:
         expected += ["PrometheusRule", "ServiceMonitor"]
     if "grafana" in MADE_OF[build]:
         expected += ["ConfigMap"] * len(list(DASHBOARDS.glob("*.json")))
+    if "gke" in MADE_OF[build]:
+        expected += ["ResourceQuota"]
     assert kinds == sorted(expected)
 
 
@@ -208,6 +210,107 @@ def test_kubernetes_validation_can_fail(built: dict[str, list[dict[str, Any]]], 
     kubernetes_validate.validate(unknown, version, strict=False)  # only strict catches typos
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(unknown, version, strict=True)
+
+
+# -- enums: kubernetes-validate's schemas have none ------------------------------------------
+# Kubernetes' OpenAPI documents list allowed values in descriptions only, so `operator: Exist`,
+# `effect: NoSchedul` or `operator: in` pass the schema check and fail (or, for a toleration,
+# silently tolerate nothing) on a real API server. Every enum-valued field the manifests use,
+# by kind and path ("[]" for any list item), with the values the API accepts.
+POD = "spec.template.spec"
+SELECTOR_OPS = {"In", "NotIn", "Exists", "DoesNotExist"}
+RELABEL_ACTIONS = {a for name in ("replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep",
+                                  "lowercase", "uppercase", "keepequal", "dropequal")
+                   for a in (name, name.capitalize())}  # the Operator accepts both spellings
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+ENUMS: dict[tuple[str, str], set[Any]] = {
+    ("DaemonSet", "spec.updateStrategy.type"): {"RollingUpdate", "OnDelete"},
+    ("DaemonSet", f"{POD}.tolerations[].operator"): {"Exists", "Equal"},
+    ("DaemonSet", f"{POD}.tolerations[].effect"): {"NoSchedule", "PreferNoSchedule", "NoExecute"},
+    ("DaemonSet", f"{POD}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+                  ".nodeSelectorTerms[].matchExpressions[].operator"): SELECTOR_OPS | {"Gt", "Lt"},
+    ("DaemonSet", f"{POD}.securityContext.seccompProfile.type"): {"RuntimeDefault", "Unconfined", "Localhost"},
+    ("DaemonSet", f"{POD}.containers[].securityContext.seccompProfile.type"): {"RuntimeDefault", "Unconfined", "Localhost"},
+    ("DaemonSet", f"{POD}.containers[].imagePullPolicy"): {"Always", "IfNotPresent", "Never"},
+    ("DaemonSet", f"{POD}.containers[].ports[].protocol"): {"TCP", "UDP", "SCTP"},
+    ("DaemonSet", f"{POD}.containers[].securityContext.capabilities.drop[]"): {"ALL"},
+    **{("DaemonSet", f"{POD}.containers[].{probe}.httpGet.scheme"): {"HTTP", "HTTPS"} for probe in PROBES},
+    ("DaemonSet", f"{POD}.volumes[].hostPath.type"): {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File",
+                                                       "Socket", "CharDevice", "BlockDevice"},
+    ("Service", "spec.type"): {"ClusterIP", "NodePort", "LoadBalancer", "ExternalName"},
+    ("Service", "spec.clusterIP"): {"None"},  # headless: any other value would be a fixed virtual IP
+    ("Service", "spec.ports[].protocol"): {"TCP", "UDP", "SCTP"},
+    ("ResourceQuota", "spec.scopeSelector.matchExpressions[].operator"): SELECTOR_OPS,
+    ("ResourceQuota", "spec.scopeSelector.matchExpressions[].scopeName"): {
+        "Terminating", "NotTerminating", "BestEffort", "NotBestEffort", "PriorityClass", "CrossNamespacePodAffinity"},
+    ("ServiceMonitor", "spec.endpoints[].relabelings[].action"): RELABEL_ACTIONS,
+    ("ServiceMonitor", "spec.endpoints[].metricRelabelings[].action"): RELABEL_ACTIONS,
+    ("ServiceMonitor", "spec.endpoints[].scheme"): {"http", "https"},
+    ("ServiceMonitor", "spec.selector.matchExpressions[].operator"): SELECTOR_OPS,
+}
+# a leaf whose key is one of these is an enum somewhere: it must be in the table above
+ENUM_KEYS = {"operator", "effect", "type", "protocol", "imagePullPolicy", "action", "scheme", "scopeName",
+             "restartPolicy", "dnsPolicy", "clusterIP", "drop", "add", "preemptionPolicy"}
+
+
+def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every scalar in node; list items are "[]"."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaves(value, f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for item in node:
+            yield from leaves(item, f"{path}[]")
+    else:
+        yield path, node
+
+
+def enum_violations(doc: dict[str, Any]) -> list[str]:
+    bad = []
+    for path, value in leaves(doc):
+        allowed = ENUMS.get((doc["kind"], path))
+        if allowed is not None:
+            if value not in allowed:
+                bad.append(f"{doc['kind']} {path}: {value!r} not in {sorted(allowed)}")
+        elif re.sub(r"\[\]$", "", path).rsplit(".", 1)[-1] in ENUM_KEYS and doc["kind"] not in ("ConfigMap", "PrometheusRule"):
+            bad.append(f"{doc['kind']} {path}: an enum-like field the ENUMS table does not know")
+    return bad
+
+
+def test_every_enum_valued_field_holds_an_allowed_value(built: dict[str, list[dict[str, Any]]]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for build, docs in built.items():
+        for doc in docs:
+            assert enum_violations(doc) == [], build
+            seen |= {(doc["kind"], path) for path, _ in leaves(doc)} & set(ENUMS)
+    # the walk does reach the fields it is meant for
+    assert {("DaemonSet", f"{POD}.tolerations[].operator"), ("DaemonSet", f"{POD}.tolerations[].effect"),
+            ("ResourceQuota", "spec.scopeSelector.matchExpressions[].operator"),
+            ("ServiceMonitor", "spec.endpoints[].relabelings[].action"), ("Service", "spec.clusterIP")} <= seen
+
+
+@pytest.mark.parametrize("typo", [
+    ("tolerations", 0, "operator", "Exist"),
+    ("tolerations", 0, "effect", "NoSchedul"),
+    ("affinity", 0, "operator", "in"),
+])
+def test_enum_typos_pass_the_schemas_but_not_the_enum_check(built: dict[str, list[dict[str, Any]]],
+                                                           typo: tuple[str, int, str, str]) -> None:
+    where, index, field, value = typo
+    doc = built_daemonset(built)
+    spec = doc["spec"]["template"]["spec"]
+    if where == "tolerations":
+        spec["tolerations"][index][field] = value
+    else:
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        terms[index]["matchExpressions"][0][field] = value
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)  # the schemas let it through
+    assert [v for v in enum_violations(doc) if repr(value) in v], enum_violations(doc)
+    # and a field the table does not know is reported, not skipped
+    doc = built_daemonset(built)
+    doc["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"
+    assert any("dnsPolicy" in v and "does not know" in v for v in enum_violations(doc))
 
 
 # -- Prometheus Operator schemas -------------------------------------------------------------
@@ -396,6 +499,31 @@ def test_pod_resources_directory_is_mounted_read_only(built: dict[str, list[dict
     assert volume["hostPath"] == {"path": mount_path, "type": "Directory"}
 
 
+IDENTITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot")
+
+
+def effective_identity_of(spec: dict[str, Any]) -> tuple[Any, ...]:
+    """(uid, gid, runAsNonRoot) the one container runs with: each field of the container's
+    securityContext overrides the pod's (Kubernetes' rule); None where neither sets it (the
+    image's USER would apply, which these manifests never leave to chance)."""
+    [ctr] = spec["containers"]
+    pod, own = spec.get("securityContext", {}), ctr.get("securityContext", {})
+    return tuple(own.get(f, pod.get(f)) for f in IDENTITY_FIELDS)
+
+
+def effective_identity(built: dict[str, list[dict[str, Any]]], build: str) -> tuple[Any, ...]:
+    return effective_identity_of(pod_spec(built, build))
+
+
+def test_a_container_level_user_overrides_the_pods(built: dict[str, list[dict[str, Any]]]) -> None:
+    spec = copy.deepcopy(pod_spec(built, "prometheus-operator"))
+    assert effective_identity_of(spec) == (0, 0, False)
+    spec["containers"][0]["securityContext"]["runAsUser"] = 1000  # schema-valid, but not root
+    assert effective_identity_of(spec) == (1000, 0, False)
+    del spec["securityContext"]["runAsGroup"]
+    assert effective_identity_of(spec) == (1000, None, False)
+
+
 @pytest.mark.parametrize("build", BUILDS)
 def test_security_context(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     pod = pod_spec(built, build)["securityContext"]
@@ -403,10 +531,11 @@ def test_security_context(built: dict[str, list[dict[str, Any]]], build: str) ->
     made_of = MADE_OF[build]
     assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
     assert ctr["readOnlyRootFilesystem"] is True
+    # what the container runs as: a container's own runAsUser would override the pod's
     if "non-root" in made_of:
-        assert (pod["runAsUser"], pod["runAsGroup"], pod["runAsNonRoot"]) == (10001, 10001, True)
+        assert effective_identity(built, build) == (10001, 10001, True)
     else:
-        assert (pod["runAsUser"], pod["runAsGroup"], pod["runAsNonRoot"]) == (0, 0, False)
+        assert effective_identity(built, build) == (0, 0, False), "uid 0 is needed for the kubelet socket"
     if "privileged" in made_of:
         assert ctr["privileged"] is True and ctr["allowPrivilegeEscalation"] is True and "capabilities" not in ctr
     else:
@@ -415,6 +544,9 @@ def test_security_context(built: dict[str, list[dict[str, Any]]], build: str) ->
         assert ctr["capabilities"] == {"drop": ["ALL"]}
     assert pod_spec(built, build)["automountServiceAccountToken"] is False
     assert one(built, build, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert pod_spec(built, build)["enableServiceLinks"] is False, (
+        "a Service's *_PORT variables (e.g. RESMON_EXPORTER_PORT) start with RESMON_: the "
+        "exporter would log them as unknown settings")
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -430,7 +562,8 @@ def test_scheduling_and_environment(built: dict[str, list[dict[str, Any]]], buil
     tolerations = spec["tolerations"]
     if "amd" in MADE_OF[build]:
         assert keys == {"feature.node.kubernetes.io/pci-1002.present": ["true"]}
-        assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        assert tolerations == [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                               {"key": "CriticalAddonsOnly", "operator": "Exists"}]
         assert not any(name.startswith("NVIDIA_") for name in env)
         assert "runtimeClassName" not in spec
         assert "--gpu.backend=amdgpu" in container(built, build)["args"]  # sysfs, no amd-smi in the image
@@ -438,13 +571,30 @@ def test_scheduling_and_environment(built: dict[str, list[dict[str, Any]]], buil
         assert not any(a.startswith("--gpu.backend") for a in container(built, build)["args"])  # auto: NVML
         assert keys["feature.node.kubernetes.io/pci-10de.present"] == ["true"]
         assert keys["nvidia.com/gpu.present"] == ["true"]
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+        assert tolerations == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                               {"key": "CriticalAddonsOnly", "operator": "Exists"}]
         assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
         assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
     if "nvidia-runtime-class" in MADE_OF[build]:
         assert spec["runtimeClassName"] == "nvidia"
     else:
         assert "runtimeClassName" not in spec  # not every cluster has the class
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_gke_quota_admits_the_daemonsets_priority_class(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    quotas = objects(built, build, "ResourceQuota")
+    if "gke" not in MADE_OF[build]:
+        assert quotas == []  # only GKE gates the critical classes by quota
+        return
+    [quota] = quotas
+    assert quota["metadata"]["name"] == "resmon-exporter-critical-pods"
+    # GKE admits a critical pod only where a quota's scope names its class, in its namespace
+    assert quota["spec"]["scopeSelector"]["matchExpressions"] == [
+        {"operator": "In", "scopeName": "PriorityClass", "values": [pod_spec(built, build)["priorityClassName"]]}]
+    assert quota["metadata"].get("namespace") == one(built, build, "DaemonSet")["metadata"].get("namespace")
+    assert set(quota["spec"]["hard"]) == {"pods"}  # admits, limits nothing else
+    assert quota["spec"]["hard"]["pods"] == "1G"  # as GKE's own gcp-critical-pods: never the limit
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -561,3 +711,64 @@ def test_the_documented_kustomizations_build_as_described(tmp_path: Path) -> Non
                 validate_cr(doc)
             else:
                 kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
+
+
+# -- the PromQL docs/kubernetes.md shows -----------------------------------------------------
+def doc_promql() -> list[str]:
+    """The expressions of the ```promql block: each starts after its top-level comment."""
+    [block] = re.findall(r"```promql\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    exprs = []
+    for chunk in block.strip().split("\n\n"):
+        lines = chunk.splitlines()
+        while lines and lines[0].startswith("#"):
+            lines.pop(0)
+        assert lines, chunk
+        exprs.append("\n".join(lines))
+    return exprs
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool missing: scripts/test.sh installs Debian's prometheus")
+    return path
+
+
+# a Deployment's pods (one listed by two kube-state-metrics replicas), a StatefulSet's, a bare
+# ReplicaSet's: kube_pod_owner names the ReplicaSet, kube_replicaset_owner its Deployment
+OWNER_SERIES = [
+    'resmon_gpu_allocation_info{namespace="a",pod="web-7d9f-x1",uuid="g1"}',
+    'resmon_gpu_allocation_info{namespace="a",pod="web-7d9f-x2",uuid="g2"}',
+    'resmon_gpu_allocation_info{namespace="a",pod="train-0",uuid="g3"}',
+    'resmon_gpu_allocation_info{namespace="a",pod="bare-r1",uuid="g4"}',
+    *[f'kube_pod_owner{{namespace="a",pod="web-7d9f-x1",owner_kind="ReplicaSet",owner_name="web-7d9f",instance="{i}"}}'
+      for i in ("ksm1", "ksm2")],
+    'kube_pod_owner{namespace="a",pod="web-7d9f-x2",owner_kind="ReplicaSet",owner_name="web-7d9f",instance="ksm1"}',
+    'kube_pod_owner{namespace="a",pod="train-0",owner_kind="StatefulSet",owner_name="train",instance="ksm1"}',
+    'kube_pod_owner{namespace="a",pod="bare-r1",owner_kind="ReplicaSet",owner_name="bare",instance="ksm1"}',
+    *[f'kube_replicaset_owner{{namespace="a",replicaset="web-7d9f",owner_kind="Deployment",owner_name="web",instance="{i}"}}'
+      for i in ("ksm1", "ksm2")],
+    'kube_replicaset_owner{namespace="a",replicaset="bare",owner_kind="<none>",owner_name="<none>",instance="ksm1"}',
+]
+
+
+def test_the_documented_promql_is_valid_and_counts_gpus_per_deployment(tmp_path: Path) -> None:
+    binary = promtool()
+    exprs = doc_promql()
+    assert len(exprs) >= 5
+    rules = tmp_path / "rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "docs", "rules": [
+        {"record": f"docs_expr_{i}", "expr": expr} for i, expr in enumerate(exprs)]}]}, sort_keys=False))
+    done = subprocess.run([binary, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = tmp_path / "tests.yml"
+    tests.write_text(yaml.safe_dump({"rule_files": [rules.name], "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": s, "values": "1"} for s in OWNER_SERIES],
+        "promql_expr_test": [{"expr": "docs_expr_0", "eval_time": "0m", "exp_samples": [
+            {"labels": f'docs_expr_0{{namespace="a",owner_kind="{kind}",owner_name="{name}"}}', "value": count}
+            for kind, name, count in (("Deployment", "web", 2), ("StatefulSet", "train", 1), ("ReplicaSet", "bare", 1))
+        ]}],
+    }]}, sort_keys=False))
+    done = subprocess.run([binary, "test", "rules", str(tests)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr

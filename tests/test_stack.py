@@ -3,13 +3,10 @@ promtool and Alertmanager, with the real exporter running on the fake NVML."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import yaml
 
 from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from gpu_users import HOST_SM, HOST_VRAM, POD_SM, POD_VRAM, GpuUsers
-from promstack import (RULES, Webhook, alertmanager_config, exprs, free_port, load, need, panels, settle,
+from promstack import (RULES, PromApi, Webhook, alertmanager_config, exprs, free_port, load, need, panels, settle,
                        substitute, wait_until, write_test_rules)
 import scenarios as sc
 from scenarios import three_gpus
@@ -449,18 +446,10 @@ class Stack:
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
 
     def api(self, path: str, **params: str) -> Any:
-        url = f"http://127.0.0.1:{self.prom_port}{path}?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                data = json.load(resp)
-        except OSError:
-            return None
-        assert data["status"] == "success", data
-        return data["data"]
+        return PromApi(self.prom_port).api(path, **params)
 
     def query(self, expr: str) -> list[Any]:
-        data = self.api("/api/v1/query", query=expr)
-        return data["result"] if data else []
+        return PromApi(self.prom_port).query(expr)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -60,7 +60,7 @@ def exposure(unit: Path) -> float:
     return float(match.group(1))
 
 
-def test_unit_verifies_without_a_warning(tmp_path):
+def test_unit_verifies_without_a_warning(tmp_path: Path) -> None:
     got = verify(installed_unit(tmp_path))
     # verify exits 0 on unknown keys and bad values too (it only warns): any output is a defect
     assert (got.returncode, got.stdout + got.stderr) == (0, "")
@@ -69,12 +69,12 @@ def test_unit_verifies_without_a_warning(tmp_path):
 @pytest.mark.parametrize("typo", [("ProtectSystem=strict", "ProtectSytem=strict"),
                                   ("ProtectSystem=strict", "ProtectSystem=stric"),
                                   ("Restart=on-failure", "Restart=sometimes")])
-def test_verify_catches_a_broken_unit(tmp_path, typo):
+def test_verify_catches_a_broken_unit(tmp_path: Path, typo: tuple[str, str]) -> None:
     got = verify(installed_unit(tmp_path, UNIT.read_text().replace(*typo)))
     assert got.stdout + got.stderr != ""
 
 
-def test_unit_runs_the_installed_exporter_as_a_dedicated_user_with_the_environment_file():
+def test_unit_runs_the_installed_exporter_as_a_dedicated_user_with_the_environment_file() -> None:
     found = directives(UNIT.read_text())
     assert found["ExecStart"] == [SHIPPED_EXEC]  # no flags: settings come from the environment file
     assert found["User"] == ["resmon"] and found["Group"] == ["resmon"]
@@ -85,11 +85,28 @@ def test_unit_runs_the_installed_exporter_as_a_dedicated_user_with_the_environme
         assert found[key] == [value], key
     # these would take the GPUs (PrivateDevices) or the other users' processes (ProtectProc) away
     assert "PrivateDevices" not in found and "ProtectProc" not in found
+    # the NVIDIA persistence daemon, where there is one, first; ordering only (no Wants/Requires)
+    assert "nvidia-persistenced.service" in " ".join(found["After"])
+    assert not any("nvidia" in v for key in ("Wants", "Requires", "BindsTo") for v in found.get(key, []))
     # the exporter drains in-flight scrapes within 8 s of SIGTERM: systemd must wait longer
     assert found["TimeoutStopSec"] == ["15s"]
 
 
-def test_hardening_keeps_the_exposure_score_low(tmp_path):
+# Directives that put the unit on a device allow-list (systemd.exec(5), systemd.resource-control(5)):
+# PrivateDevices= sets DevicePolicy=closed; ProtectClock= implies DeviceAllow=char-rtc r, and
+# before systemd 252 (PR #25075) unconditionally, so on Ubuntu 22.04 (249) or Debian 11 (247)
+# DevicePolicy=auto plus that one entry blocks /dev/nvidiactl and /dev/nvidia0: NVML fails.
+# (ProtectKernelLogs= hides /dev/kmsg by a mount, not by a device ACL, so it may stay.)
+DEVICE_ALLOW_LIST_DIRECTIVES = ("PrivateDevices", "ProtectClock", "DeviceAllow", "DevicePolicy")
+
+
+def test_no_directive_puts_the_gpus_behind_a_device_allow_list() -> None:
+    found = directives(UNIT.read_text())
+    closing = sorted(key for key in found if key in DEVICE_ALLOW_LIST_DIRECTIVES)
+    assert closing == [], f"{closing}: on systemd < 252 these block /dev/nvidia* (NVML cannot start)"
+
+
+def test_hardening_keeps_the_exposure_score_low(tmp_path: Path) -> None:
     assert exposure(installed_unit(tmp_path)) <= MAX_EXPOSURE
     # and the score can fail: the same unit without its [Service] hardening scores high
     bare = "\n".join(line for line in UNIT.read_text().splitlines()
@@ -110,7 +127,7 @@ def env_lines(uncomment: bool) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("uncomment", [False, True], ids=["as-shipped", "examples-enabled"])
-def test_environment_file_is_what_the_cli_accepts(uncomment):
+def test_environment_file_is_what_the_cli_accepts(uncomment: bool) -> None:
     env = env_lines(uncomment)
     assert env and set(env) <= {flag.env for flag in FLAGS}
     config, warnings = parse_config([], environ=env)
@@ -120,7 +137,7 @@ def test_environment_file_is_what_the_cli_accepts(uncomment):
         assert config.collector_processes is True and config.web_config_file.endswith("web-config.yml")
 
 
-def test_readme_install_steps_match_the_shipped_files():
+def test_readme_install_steps_match_the_shipped_files() -> None:
     readme = (REPO / "README.md").read_text()
     assert "install -m 0644 deploy/systemd/resmon-exporter.service /etc/systemd/system/\n" in readme
     assert "install -m 0644 deploy/systemd/resmon-exporter.env /etc/default/resmon-exporter\n" in readme

@@ -3,10 +3,12 @@
 Cards are the /sys/class/drm entries named ``card<N>`` (any number of digits: MI300X in CPX
 mode has card192) whose device is a PCI device bound to amdgpu; connectors (card0-DP-1),
 render nodes and compute partitions (amdgpu_xcp platform devices, which lack the amdgpu
-attributes: they are part of their PCI card) are skipped. GPUs are ordered by PCI address
-and keep their index while the exporter runs: a card that disappears stays, down, under
-its index. Per card, identity (uuid, name, PCI address, max clocks, which attribute files
-the board has, its KFD gpu_ids) is read once, when the card appears; each refresh then
+attributes: they are part of their PCI card) are skipped. At start GPUs are numbered in
+PCI address order (as NVML does); while the exporter runs a card keeps its index and a
+card seen for the first time gets the next free one, so an index never changes meaning:
+a card that disappears stays, down, under its index. Per card, identity (uuid, name, PCI
+address, max clocks, which attribute files the board has) is read once, when the card
+appears (and again when it comes back after leaving /sys/class/drm); each refresh then
 reads only the value files the board has. Every read goes through exporter/sysfs_errors.py,
 the one place errors are classified. The refresh runs on the monitor's GPU worker thread,
 so a read that blocks on a hung GPU is bounded by --collect.timeout as a hung NVML call is.
@@ -21,7 +23,7 @@ import logging
 import os
 import platform
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from os.path import join
 
 from .. import sysfs_errors as sysfs
@@ -59,9 +61,18 @@ class _State:
     identity: GpuIdentity
     hwmon: str | None
     has: frozenset[str]  # names of the value files present, "hwmon/<name>" for hwmon ones
-    gpu_ids: tuple[int, ...]  # KFD gpu_ids of the card (several with compute partitions)
-    present: bool = True
+    present: bool = True  # in /sys/class/drm at the last refresh
+    answering: bool = True  # its last refresh did not end in ENODEV / ENXIO
+    stale: bool = False  # it left /sys/class/drm: identified again when it is back (maybe another board)
     missing_max: frozenset[str] = field(default_factory=frozenset)  # max clocks still to read
+
+
+_PciKey = tuple[int, int, int]  # PCI domain, bus, device: what a KFD node's location says of its card
+
+
+def _pci_key(pci: str) -> _PciKey:
+    domain, bus, rest = pci.split(":")
+    return int(domain, 16), int(bus, 16), int(rest.partition(".")[0], 16)
 
 
 def find_cards(sysfs_root: str) -> list[Card] | None:
@@ -115,8 +126,15 @@ class AmdgpuBackend:
         self._options = options or GpuOptions()
         self._ids_file = ids_file
         self._ids: dict[tuple[str, str], str] | None = None  # loaded when a card needs a name
-        self._cards: dict[str, _State] = {}  # by PCI address, every card seen since start
+        self._cards: dict[str, _State] = {}  # by PCI address, every card identified since start
+        self._index: dict[str, int] = {}  # PCI address -> GPU index, given when first seen, kept
         self._kfd_proc = join(sysfs_root, "class", "kfd", "kfd", "proc")
+        self._kfd_nodes = join(sysfs_root, "class", "kfd", "kfd", "topology", "nodes")
+        self._topology: dict[_PciKey, tuple[int, ...]] = {}  # card -> KFD gpu_ids (several when partitioned)
+        self._topology_scanned = False
+        self._node_names: frozenset[str] | None = None  # the node listing the last scan saw (None: no topology)
+        self._topology_ids: frozenset[int] = frozenset()  # every GPU gpu_id of the last scan
+        self._unresolved: frozenset[int] = frozenset()  # gpu_ids processes name that the last scan lacked
         self._driver_version = self._read_driver_version()
 
     def prepare(self) -> None:
@@ -154,13 +172,23 @@ class AmdgpuBackend:
                 return path
         return None
 
-    def _kfd_gpu_ids(self) -> dict[str, tuple[int, ...]]:
-        """PCI address -> KFD gpu_ids, from the KFD topology (several per card in CPX/DPX
-        partition modes); empty without KFD."""
-        nodes = join(self._root, "class", "kfd", "kfd", "topology", "nodes")
-        out: dict[str, list[int]] = {}
-        for node in sysfs.listdir(nodes) or ():
-            path = join(nodes, node)
+    def _refresh_topology(self, kfd: dict[int, dict[int, int]]) -> None:
+        """Card -> KFD gpu_ids, from the KFD topology. Not only at start: KFD can come up
+        after the cards, and a compute-partition mode switch (SPX/DPX/CPX) re-creates the
+        nodes with new gpu_ids, possibly under the same node names. So the topology is
+        scanned again when its node listing changes or when a process names a gpu_id the
+        last scan did not have (once per such id: an id no node has is not looked for on
+        every refresh). Otherwise a refresh costs one directory listing here, not the two
+        reads per node (64 GPU nodes on 8 MI300X in CPX mode) a scan takes."""
+        listing = sysfs.listdir(self._kfd_nodes)
+        names = frozenset(listing) if listing is not None else None
+        named = {gpu_id for usage in kfd.values() for gpu_id in usage}
+        unknown = named - self._topology_ids - self._unresolved
+        if self._topology_scanned and names == self._node_names and not unknown:
+            return
+        out: dict[_PciKey, list[int]] = {}
+        for node in sorted(names or ()):
+            path = join(self._kfd_nodes, node)
             try:
                 gpu_id = sysfs.integer(sysfs.read(join(path, "gpu_id"), path))
                 props = sysfs.properties(sysfs.read(join(path, "properties"), path))
@@ -169,12 +197,18 @@ class AmdgpuBackend:
             location = props.get("location_id")
             if not gpu_id or location is None:
                 continue  # a CPU node (gpu_id 0)
-            # location_id is the PCI bus << 8 | devfn, devfn = device << 3 | function
-            pci = f"{props.get('domain', 0):04x}:{location >> 8:02x}:{(location >> 3) & 0x1F:02x}.{location & 0x7}"
-            out.setdefault(pci, []).append(gpu_id)
-        return {pci: tuple(sorted(ids)) for pci, ids in out.items()}
+            # location_id is bus << 8 | devfn (devfn = device << 3 | function), but with
+            # compute partitions the kernel ORs the partition's node id into it (and a later,
+            # reverted, patch put it at bits 31:28): only domain, bus and device are the card's
+            # (amdgpu cards are PCI function 0; the function bits say nothing of which card)
+            key = (props.get("domain", 0), (location >> 8) & 0xFF, (location >> 3) & 0x1F)
+            out.setdefault(key, []).append(gpu_id)
+        self._topology = {key: tuple(sorted(set(ids))) for key, ids in out.items()}
+        self._topology_scanned, self._node_names = True, names
+        self._topology_ids = frozenset(g for ids in self._topology.values() for g in ids)
+        self._unresolved = frozenset(named - self._topology_ids)
 
-    def _identify(self, card: Card, index: int, gpu_ids: dict[str, tuple[int, ...]]) -> _State:
+    def _identify(self, card: Card, index: int) -> _State:
         d = card.device_dir
         unique = sysfs.read(join(d, "unique_id"), d)
         # the form rocminfo prints and ROCR_VISIBLE_DEVICES accepts; empty where the board has none
@@ -185,14 +219,14 @@ class AmdgpuBackend:
             has |= {f"hwmon/{n}" for n in set(_HWMON_VALUES).intersection(sysfs.listdir(hwmon, d) or ())}
         identity = GpuIdentity(index=index, uuid=uuid, name=self._name(card, sysfs.read(join(d, "product_name"), d)),
                                pci_bus_id=card.pci)
-        state = _State(card, identity, hwmon, frozenset(has), gpu_ids.get(card.pci, ()),
+        state = _State(card, identity, hwmon, frozenset(has),
                        missing_max=frozenset(k for k in ("pp_dpm_sclk", "pp_dpm_mclk") if k in has))
         self._max_clocks(state)
         return state
 
     def _max_clocks(self, state: _State) -> None:
-        """The top pp_dpm level of each clock, read once (retried while the GPU answers
-        EPERM, runtime-suspended)."""
+        """The top pp_dpm level of each clock, read once; one that could not be read (EPERM:
+        runtime-suspended at start) is tried again on each refresh until it is."""
         found = dict(state.identity.clock_max_hertz)
         still = set()
         for attr in state.missing_max:
@@ -205,62 +239,70 @@ class AmdgpuBackend:
         state.missing_max = frozenset(still)
         ordered = tuple((k, found[k]) for k in ("graphics", "memory") if k in found)
         if ordered != state.identity.clock_max_hertz:
-            state.identity = GpuIdentity(state.identity.index, state.identity.uuid, state.identity.name,
-                                         state.identity.pci_bus_id, ordered)
+            state.identity = replace(state.identity, clock_max_hertz=ordered)
+
+    def _leave(self, pci: str, state: _State) -> None:
+        if state.present:
+            state.present, state.stale = False, True
+            self._log.warning("AMD GPU disappeared; reporting it down",
+                              extra=fields(pci_bus_id=pci, uuid=state.identity.uuid))
 
     def _sync(self, cards: list[Card]) -> None:
-        """Identities for cards that appeared (or came back); cards that went are marked."""
+        """Identities for cards that appeared, came back or moved; cards that went are marked."""
         now = {c.pci for c in cards}
-        fresh = [c for c in cards if c.pci not in self._cards or not self._cards[c.pci].present
-                 or self._cards[c.pci].card != c]
         for pci, state in self._cards.items():
-            if state.present and pci not in now:
-                state.present = False
-                self._log.warning("AMD GPU disappeared; reporting it down",
-                                  extra=fields(pci_bus_id=pci, uuid=state.identity.uuid))
-        if not fresh:
-            return
-        gpu_ids = self._kfd_gpu_ids()
-        order = sorted(set(self._cards) | now)  # a vanished card keeps its place
-        for card in fresh:
+            if pci not in now:
+                self._leave(pci, state)
+        for pci in sorted(now - self._index.keys()):  # by PCI address at start; later ones after the rest
+            self._index[pci] = len(self._index)
+        found = []
+        for card in cards:
+            known = self._cards.get(card.pci)
+            if known is not None and not known.stale and known.card == card:
+                continue
             try:
-                self._cards[card.pci] = self._identify(card, order.index(card.pci), gpu_ids)
+                self._cards[card.pci] = self._identify(card, self._index[card.pci])
             except sysfs.Gone:
-                continue  # removed while being identified: found again next refresh if back
-        # a card inserted before others in PCI order moves them along
-        for pci, state in self._cards.items():
-            index = order.index(pci)
-            if state.identity.index != index:
-                ident = state.identity
-                state.identity = GpuIdentity(index, ident.uuid, ident.name, ident.pci_bus_id, ident.clock_max_hertz)
-        self._log.info("AMD GPUs found", extra=fields(cards=",".join(c.pci for c in fresh)))
+                continue  # removed (or not answering) while being identified: tried again next refresh
+            found.append(card.pci)
+        if found:
+            self._log.info("AMD GPUs found", extra=fields(cards=",".join(found)))
 
     # -- the refresh --------------------------------------------------------------------
 
     def read(self) -> GpuReading:
         cards = find_cards(self._root)
         if cards is None:  # no DRM class at all: the driver stack is gone
-            for state in self._cards.values():
-                state.present = False
+            for pci, known in self._cards.items():
+                self._leave(pci, known)
             return GpuReading(backend=self.name, success=False, driver_version=self._driver_version,
                               devices=self._devices({}))
         self._sync(cards)
         kfd = self._kfd_processes()
+        if kfd is not None:
+            self._refresh_topology(kfd)
         samples: dict[str, GpuSample] = {}
         for card in cards:
             state = self._cards.get(card.pci)
-            if state is None:
-                continue
+            if state is None or state.stale:
+                continue  # its identification failed: down (or not listed yet)
             try:
                 samples[card.pci] = self._sample(state, kfd)
             except sysfs.Gone as exc:
-                state.present = False  # identified again when it is back
-                self._log.warning("AMD GPU stopped answering; reporting it down", extra=fields(error=str(exc)))
+                if state.answering:  # logged once, when it stops; each refresh tries it again
+                    state.answering = False
+                    self._log.warning("AMD GPU stopped answering; reporting it down",
+                                      extra=fields(pci_bus_id=card.pci, uuid=state.identity.uuid, error=str(exc)))
+                continue
+            if not state.answering:
+                state.answering = True
+                self._log.info("AMD GPU answers again", extra=fields(pci_bus_id=card.pci, uuid=state.identity.uuid))
         return GpuReading(backend=self.name, success=True, device_count=len(samples),
                           driver_version=self._driver_version, devices=self._devices(samples))
 
     def _devices(self, samples: dict[str, GpuSample]) -> tuple[GpuSample, ...]:
-        return tuple(samples.get(pci) or GpuSample(self._cards[pci].identity, up=False) for pci in sorted(self._cards))
+        states = sorted(self._cards.items(), key=lambda item: item[1].identity.index)
+        return tuple(samples.get(pci) or GpuSample(state.identity, up=False) for pci, state in states)
 
     def _sample(self, state: _State, kfd: dict[int, dict[int, int]] | None) -> GpuSample:
         d, has, hwmon = state.card.device_dir, state.has, state.hwmon
@@ -276,9 +318,9 @@ class AmdgpuBackend:
         total, used = sysfs.integer(dev("mem_info_vram_total")), sysfs.integer(dev("mem_info_vram_used"))
         valid = total is not None and used is not None and used <= total
         edge, junction = sysfs.scaled(mon("temp1_input"), 1000.0), sysfs.scaled(mon("temp2_input"), 1000.0)
-        power = sysfs.scaled(mon("power1_average"), 1e6)
-        if power is None:  # newer dGPUs (and MI300) have only the instantaneous sensor
-            power = sysfs.scaled(mon("power1_input"), 1e6)
+        # newer dGPUs (and MI300) have only the instantaneous sensor; an average sensor that
+        # fails is absent, not replaced (as the edge temperature below)
+        power = sysfs.scaled(mon("power1_average" if "hwmon/power1_average" in has else "power1_input"), 1e6)
         pwm = sysfs.integer(mon("pwm1"))
         clocks = []
         for kind, hwmon_file, dpm in (("graphics", "freq1_input", "pp_dpm_sclk"), ("memory", "freq2_input", "pp_dpm_mclk")):
@@ -327,17 +369,17 @@ class AmdgpuBackend:
                 entries = sysfs.listdir(path, path) or []
                 usage: dict[int, int] = {}
                 for entry in entries:
-                    gpu_id = entry[5:]
-                    if entry.startswith("vram_") and gpu_id.isdecimal():
+                    vram_of = sysfs.integer(entry[5:]) if entry.startswith("vram_") else None
+                    if vram_of is not None:
                         vram = sysfs.integer(sysfs.read(join(path, entry), path))
                         if vram:
-                            usage[int(gpu_id)] = vram
+                            usage[vram_of] = vram
                 if "queues" in entries:  # a process running kernels on a GPU with no VRAM of its own yet
                     queues = join(path, "queues")
                     for queue in sysfs.listdir(queues, path) or ():
-                        gpu_id = sysfs.integer(sysfs.read(join(queues, queue, "gpuid"), path))
-                        if gpu_id:
-                            usage.setdefault(gpu_id, 0)
+                        queue_on = sysfs.integer(sysfs.read(join(queues, queue, "gpuid"), path))
+                        if queue_on:
+                            usage.setdefault(queue_on, 0)
             except sysfs.Gone:
                 continue  # exited while we looked
             if usage:
@@ -347,13 +389,14 @@ class AmdgpuBackend:
     def _processes(
         self, state: _State, kfd: dict[int, dict[int, int]] | None
     ) -> tuple[int | None, tuple[GpuProcess, ...] | None]:
-        if kfd is None or not state.gpu_ids:
+        gpu_ids = self._topology.get(_pci_key(state.card.pci), ()) if kfd is not None else ()
+        if kfd is None or not gpu_ids:
             return None, None  # no KFD, or this card is not in its topology: unknown, not 0
         mine = []
         for pid in sorted(kfd):
             usage = kfd[pid]
-            if any(g in usage for g in state.gpu_ids):
-                mine.append(GpuProcess(pid, sum(usage.get(g, 0) for g in state.gpu_ids)))
+            if any(g in usage for g in gpu_ids):
+                mine.append(GpuProcess(pid, sum(usage.get(g, 0) for g in gpu_ids)))
         return len(mine), tuple(mine) if self._options.processes else None
 
 

@@ -200,7 +200,7 @@ class NvmlBackend:
         self._process_util = _optional("nvmlDeviceGetProcessUtilization")
         self._process_seen: dict[str, int] = {}  # device key -> newest process sample timestamp (µs)
         self._mig = MigReader()
-        self._mig_on = False  # a GPU in this read has MIG on: the mig collector is active
+        self._mig_on = False  # a GPU in this read answers its MIG mode (on or off): the mig collector is active
         self._busy = BusyIntegrator()
         self._health = HealthReader(log)  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
@@ -494,6 +494,8 @@ class NvmlBackend:
                 extra=fields(gpu=identity.index, uuid=identity.uuid, error=str(err) if err else "no longer enumerated"),
             )
         self._up[key] = False
+        if self._gpm is not None:
+            self._gpm.drop(key)  # it may be reset before it answers again: no GPM window across the gap
         return GpuSample(identity, up=False)
 
     def _read_device(self, index: int) -> tuple[str, GpuSample]:
@@ -762,16 +764,15 @@ class NvmlBackend:
         larger of the two entries (the same allocation, reported twice)."""
         compute = self._compute_procs(handle)
         graphics = self._graphics_procs(handle)
-        out: dict[str, Any] = {}
         if compute is None and graphics is None:
-            return {**out, "processes": None}
+            return {"processes": None}
         memory: dict[int, int | None] = {}
         for p in [*(compute or []), *(graphics or [])]:
             pid, used = int(p.pid), p.usedGpuMemory  # pynvml: None for NVML_VALUE_NOT_AVAILABLE
             used = None if used is None or used == _U64_NA else int(used)
             if pid not in memory or (used is not None and (memory[pid] is None or used > memory[pid])):  # type: ignore[operator]
                 memory[pid] = used
-        out["processes"] = len(memory)
+        out: dict[str, Any] = {"processes": len(memory)}
         if self._options.processes:
             clock = time.perf_counter()
             ratios = self._process_utilization(key, handle, set(memory))
@@ -819,13 +820,16 @@ class NvmlBackend:
         return out
 
     def _read_mig(self, key: str, handle: Any) -> dict[str, Any]:
-        """MIG mode and devices: the UUIDs while MIG is on (device plugins hand these to pods;
-        the kubernetes collector resolves them), and with the mig collector the instances."""
+        """MIG mode (one query per GPU and refresh for both users, NOT_SUPPORTED memoised)
+        and devices: the UUIDs while MIG is on (device plugins hand these to pods; the
+        kubernetes collector resolves them), and with the mig collector the mode of every
+        MIG-capable GPU and the instances. Their GPM reads count as profiling time."""
         if not (self._options.mig or self._options.mig_devices):
             return {}
         clock = time.perf_counter()
         ask = self._health.ask
         out: dict[str, Any] = {}
+        gpm_seconds = 0.0
         mode = self._mig.mode(key, handle, ask)
         if mode is not None:
             def fail() -> None:
@@ -834,7 +838,12 @@ class NvmlBackend:
             if self._options.mig_devices:
                 out["mig_uuids"] = tuple(self._mig.uuids(migs))
             if self._options.mig:
-                out["mig"] = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs)
-                self._mig_on = self._mig_on or mode[0] == 1
-        self._part_seconds["mig"] += time.perf_counter() - clock
+                self._mig_on = True
+                self._mig.gpm_seconds = 0.0
+                try:
+                    out["mig"] = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
+                finally:
+                    gpm_seconds = self._mig.gpm_seconds
+                    self._part_seconds["profiling"] += gpm_seconds
+        self._part_seconds["mig"] += time.perf_counter() - clock - gpm_seconds
         return out

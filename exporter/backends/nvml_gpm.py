@@ -6,6 +6,10 @@ computes against the newest kept sample at least MIN_WINDOW older, so the first 
 emits nothing and a fast scrape still gets a window of MIN_WINDOW or more. Per source (a
 GPU, or a MIG GPU instance) at most three sample buffers are allocated, each once, and
 reused: the two kept ones and the one being taken. Every buffer is freed before nvmlShutdown (free_all).
+
+A symbol the driver lacks turns off only what needs it (nvmlGpmMigSampleGet came with R525,
+GPM with R520), until the next init. The sample and metrics calls are not memoised: a
+NO_DATA or NOT_FOUND answer is no value this refresh, never a minute without one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ _MIB = 1048576  # GPM bandwidths are MiB/s
 _METRIC_IDS: tuple[int, ...] = (*(mid for _, mid in PROFILING_RATIOS), *(mid for _, _, mid in PROFILING_BANDWIDTHS))
 
 Ask = Callable[..., Any]  # HealthReader.ask bound to a device key
+_CORE = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmMetricsGet")
+_SAMPLE_GET, _MIG_SAMPLE_GET = "nvmlGpmSampleGet", "nvmlGpmMigSampleGet"
 
 
 @dataclass
@@ -65,9 +71,9 @@ class GpmReader:
     def __init__(self, log: logging.Logger, clock: Callable[[], float] = time.monotonic) -> None:
         self._log = log
         self._clock = clock
-        self._missing = not all(
-            hasattr(pynvml, n) for n in ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet")
-        )
+        # symbols the binding lacks for good; the driver's are found per init (free_all resets)
+        self._unbound = {n for n in (*_CORE, _SAMPLE_GET, _MIG_SAMPLE_GET) if not hasattr(pynvml, n)}
+        self._missing: set[str] = set(self._unbound)
         self._supported: dict[str, bool] = {}  # device key -> the support query's answer, per init
         self._sources: dict[tuple[str, int | None], _Source] = {}  # (device key, GPU instance id or None)
 
@@ -76,8 +82,11 @@ class GpmReader:
         """Some device has GPM (the profiling collector reports its status)."""
         return any(self._supported.values())
 
+    def _lacks(self, *names: str) -> bool:
+        return any(n in self._missing for n in (*_CORE, *names))
+
     def supported(self, key: str, handle: Any, ask: Ask) -> bool:
-        if self._missing:
+        if self._lacks():
             return False
         known = self._supported.get(key)
         if known is not None:
@@ -85,7 +94,7 @@ class GpmReader:
         try:
             answer = ask(key, "gpm_support", nvml_errors.call, pynvml.nvmlGpmQueryDeviceSupport, handle, part="profiling")
         except Missing:  # a driver older than GPM: never asked again until the next init
-            self._missing = True
+            self._missing.add("nvmlGpmQueryDeviceSupport")
             return False
         if answer is None:  # NOT_SUPPORTED / NO_PERMISSION: asked again after HealthReader's recheck
             return False
@@ -99,7 +108,8 @@ class GpmReader:
         (nvmlGpmMigSampleGet on the parent handle). None until a window exists. tag: what
         the instance is now; a different tag (the instance was destroyed and another made
         under its id) drops the old samples, so two instances are never diffed."""
-        if self._missing:
+        symbol = _SAMPLE_GET if instance is None else _MIG_SAMPLE_GET
+        if self._lacks(symbol):
             return None
         source = self._sources.get((key, instance))
         if source is not None and source.tag != tag:
@@ -112,7 +122,7 @@ class GpmReader:
             try:
                 buf = ask(key, "gpm_alloc", nvml_errors.call, pynvml.nvmlGpmSampleAlloc, part="profiling")
             except Missing:
-                self._missing = True
+                self._missing.add("nvmlGpmSampleAlloc")
                 return None
             if buf is None:  # failed (logged, the part fails): tried again next refresh
                 return None
@@ -122,14 +132,14 @@ class GpmReader:
         buf = source.spare.pop()
         try:
             if instance is None:
-                taken = ask(key, "gpm_sample", nvml_errors.call, pynvml.nvmlGpmSampleGet, handle, buf, part="profiling")
+                taken = ask(key, "gpm_sample", nvml_errors.call, pynvml.nvmlGpmSampleGet, handle, buf, part="profiling", remember=False)
             else:
                 taken = ask(key, f"gpm_mig_sample{suffix}", nvml_errors.call, pynvml.nvmlGpmMigSampleGet, handle, instance, buf,
-                            part="profiling")
+                            part="profiling", remember=False)
         except Missing:
-            self._missing = True
+            self._missing.add(symbol)
             taken = None
-        except DeviceDown:  # a lost GPU: the buffer stays this source's
+        except BaseException:  # a lost GPU or library: the buffer stays this source's, freed by free_all
             source.spare.append(buf)
             raise
         now = self._clock()
@@ -160,13 +170,21 @@ class GpmReader:
             request.metrics[i].metricId = mid
         request.sample1, request.sample2 = older, newer
         try:
-            answer = ask(key, "gpm_metrics", nvml_errors.call, pynvml.nvmlGpmMetricsGet, request, part="profiling")
+            answer = ask(key, "gpm_metrics", nvml_errors.call, pynvml.nvmlGpmMetricsGet, request, part="profiling", remember=False)
         except Missing:
-            self._missing = True
+            self._missing.add("nvmlGpmMetricsGet")
             return None
         if answer is None:
             return None
         return convert(answer, len(_METRIC_IDS))
+
+    def drop(self, key: str) -> None:
+        """The device went down: no window across the gap (it may have been reset meanwhile);
+        the buffers stay and are reused when it answers again."""
+        for (k, _), source in self._sources.items():
+            if k == key and source.kept:
+                source.spare += [b for _, b in source.kept]
+                source.kept = []
 
     def forget_instances(self, key: str, alive: set[int]) -> None:
         """GPU instances of this device that no longer exist: their buffers go back to NVML."""
@@ -174,11 +192,13 @@ class GpmReader:
             self._free(self._sources.pop((k, gi)))
 
     def free_all(self) -> None:
-        """Before nvmlShutdown (and on re-init): every buffer back; support is asked again."""
+        """Before nvmlShutdown (and on re-init): every buffer back; support and the symbols
+        are asked again (the next init may load another driver)."""
         for source in self._sources.values():
             self._free(source)
         self._sources.clear()
         self._supported.clear()
+        self._missing = set(self._unbound)
 
     def _free(self, source: _Source) -> None:
         for buf in [*source.spare, *(b for _, b in source.kept)]:

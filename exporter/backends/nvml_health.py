@@ -56,14 +56,15 @@ class HealthReader:
         self._unsupported.clear()
         self._links.clear()
 
-    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu") -> Any:
+    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu", remember: bool = True) -> Any:
         """fn(*args) for a health or v2 value. NOT_SUPPORTED (None) is remembered for this
         device for UNSUPPORTED_RECHECK seconds (some answers change at run time: remapped
-        rows and utilization samples while MIG is on). A failure other than a lost GPU is an
+        rows and utilization samples while MIG is on); remember=False for a call whose None
+        means "nothing this once" (GPM's NO_DATA). A failure other than a lost GPU is an
         absent value this once: logged (once per device, query and code) and counted against
         `part`, whose collector then reports the refresh unsuccessful."""
         now = time.monotonic()
-        since = self._unsupported.get((key, what))
+        since = self._unsupported.get((key, what)) if remember else None
         if since is not None and now - since < UNSUPPORTED_RECHECK:
             return None
         try:
@@ -76,7 +77,7 @@ class HealthReader:
                 self._warned.add((key, what, err.code))
                 self._log.warning("GPU query failed; leaving its value out", extra=log_fields(device=key, query=what, error=str(err)))
             return None
-        if value is None:
+        if value is None and remember:
             self._unsupported[(key, what)] = now
         else:
             self._unsupported.pop((key, what), None)

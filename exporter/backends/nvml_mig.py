@@ -11,6 +11,7 @@ recreated instance is never diffed against its predecessor.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import pynvml
@@ -43,8 +44,7 @@ class MigReader:
         self._handle = Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
         self._gi = Fallback(_optional("nvmlDeviceGetGpuInstanceId"))
         self._ci = Fallback(_optional("nvmlDeviceGetComputeInstanceId"))
-        self._memory_v2 = Fallback(lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
-        self._memory_v1 = Fallback(pynvml.nvmlDeviceGetMemoryInfo)
+        self.gpm_seconds = 0.0  # time the last state() spent in GPM reads (the profiling collector's)
 
     def mode(self, key: str, handle: Any, ask: Ask) -> tuple[int | None, int | None] | None:
         """(current, pending), or None on a GPU without MIG."""
@@ -54,9 +54,10 @@ class MigReader:
         current, pending = (int(v) for v in answer)
         return (1 if current == 1 else 0), (1 if pending == 1 else 0)
 
-    def handles(self, key: str, handle: Any, ask: Ask, fail: Callable[[], None]) -> list[Any]:
-        """The MIG device handles now, empty slots skipped. A slot's failure other than an
-        empty one skips it and counts against the mig collector; a lost GPU raises."""
+    def handles(self, key: str, handle: Any, ask: Ask, fail: Callable[[], None]) -> list[tuple[Any, str]]:
+        """The MIG devices now, (handle, UUID; "" when it does not answer), empty slots skipped.
+        A slot's failure other than an empty one skips it and counts against the mig
+        collector; a lost GPU raises. The UUID is read here once for both of its users."""
         count = ask(key, "mig_count", self._count, handle, part="mig") or 0
         out = []
         for i in range(int(count)):
@@ -69,21 +70,22 @@ class MigReader:
                     fail()
                 continue
             if mig is not None:
-                out.append(mig)
+                out.append((mig, _uuid(mig)))
         return out
 
-    def uuids(self, migs: list[Any]) -> list[str]:
-        return [u for u in (_uuid(m) for m in migs) if u]
+    def uuids(self, migs: list[tuple[Any, str]]) -> list[str]:
+        return [u for _, u in migs if u]
 
     def state(
         self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,
-        mode: tuple[int | None, int | None], migs: list[Any],
+        mode: tuple[int | None, int | None], migs: list[tuple[Any, str]], memory_of: Callable[[Any], Any],
     ) -> MigState:
+        """memory_of: the backend's memory query (v2, else v1 where used includes reserved)."""
         current, pending = mode
         devices: list[MigDevice] = []
         first: dict[int, Any] = {}  # GPU instance id -> its first MIG device's handle
         members: dict[int, list[str]] = {}
-        for mig in migs:
+        for mig, uuid in migs:
             try:
                 gi, ci = self._gi(mig), self._ci(mig)
             except DeviceDown as err:  # destroyed between enumeration and now, or a faulty answer
@@ -91,7 +93,6 @@ class MigReader:
                     raise
                 fail()
                 continue
-            uuid = _uuid(mig)
             if gi is None or ci is None or not uuid:
                 continue
             name = _text(nvml_errors.field(pynvml.nvmlDeviceGetName, mig))
@@ -99,13 +100,19 @@ class MigReader:
             first.setdefault(int(gi), mig)
             members.setdefault(int(gi), []).append(f"{uuid}/{ci}/{name}")
         instances = []
+        clock = time.perf_counter()
         gpm_on = gpm is not None and gpm.supported(key, handle, ask)
+        self.gpm_seconds = time.perf_counter() - clock
         for gi in sorted(first):
-            memory = self._memory(first[gi], fail)
+            memory = self._memory(first[gi], fail, memory_of)
             profiling = None
             if gpm_on:
                 assert gpm is not None
-                profiling = gpm.read(key, handle, ask, instance=gi, tag=tuple(sorted(members[gi])))
+                clock = time.perf_counter()
+                try:
+                    profiling = gpm.read(key, handle, ask, instance=gi, tag=tuple(sorted(members[gi])))
+                finally:
+                    self.gpm_seconds += time.perf_counter() - clock
             instances.append(MigInstance(
                 gpu_instance_id=gi,
                 memory_total_bytes=memory[0] if memory else None,
@@ -118,11 +125,9 @@ class MigReader:
         devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
         return MigState(current=current, pending=pending, devices=tuple(devices), instances=tuple(instances))
 
-    def _memory(self, mig: Any, fail: Callable[[], None]) -> tuple[int, int, int] | None:
+    def _memory(self, mig: Any, fail: Callable[[], None], memory_of: Callable[[Any], Any]) -> tuple[int, int, int] | None:
         try:
-            memory = self._memory_v2(mig)
-            if memory is None and not self._memory_v2.available:
-                memory = self._memory_v1(mig)
+            memory = memory_of(mig)
         except DeviceDown as err:
             if err.code in LOST_CODES:
                 raise

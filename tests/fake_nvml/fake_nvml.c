@@ -259,6 +259,7 @@ static struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_init_refs;
 static int g_gpm_live; /* GPM samples allocated and not yet freed */
+static int g_gpm_generation; /* bumped by the last nvmlShutdown: a sample of an older one is dead */
 static int g_loaded;               /* 0 never, 1 from file, 2 defaults (no file) */
 static struct stat g_scenario_st;
 static int g_trace_fd = -2;
@@ -966,6 +967,7 @@ EXPORT nvmlReturn_t nvmlShutdown(void) {
     if (--g_init_refs == 0) {
         events_on_shutdown();
         if (g_gpm_live > 0) fprintf(stderr, "fake-nvml: %d GPM samples still allocated at nvmlShutdown\n", g_gpm_live);
+        g_gpm_generation++;
     }
     return leave(NVML_SUCCESS);
 }
@@ -1802,11 +1804,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
  * advanced at every sample and at every scenario reload (with the rates in force until
  * then), so MetricsGet's delta / elapsed time is exactly the configured value while it is
  * constant, and a mix across a change. The counters outlive reloads, like hardware ones.
- * Live samples are counted; one still allocated at the last nvmlShutdown is reported. */
+ * Live samples are counted; one still allocated at the last nvmlShutdown is reported, and
+ * one used (taken, computed or freed) after that shutdown is a use after free: reported on
+ * stderr and refused with INVALID_ARGUMENT (real NVML may crash). */
 #define FAKE_GPM_MAGIC 0x47504d53u
 #define FAKE_GPM_SOURCES (1 + FAKE_MAX_GI)
 struct nvmlGpmSample_st {
     unsigned int magic;
+    int generation;            /* g_gpm_generation at allocation */
     int gpu, source;           /* gpu -1 until taken */
     unsigned long long t_us;   /* CLOCK_MONOTONIC */
     unsigned __int128 acc[FAKE_GPM_IDS];
@@ -1835,6 +1840,13 @@ static void gpm_advance_all(void) {
             if (g_gpm_last_us[i][src]) gpm_advance(i, src, now);
 }
 
+/* 1 when the sample outlived the init it was allocated in (reported) */
+__attribute__((unused)) static int gpm_stale(const struct nvmlGpmSample_st *smp, const char *fn) {
+    if (smp->generation == g_gpm_generation) return 0;
+    fprintf(stderr, "fake-nvml: GPM sample used after free: %s of a sample allocated before nvmlShutdown\n", fn);
+    return 1;
+}
+
 __attribute__((unused)) static nvmlReturn_t gpm_take(int idx, int source, nvmlGpmSample_t smp) {
     unsigned long long now = clock_us(CLOCK_MONOTONIC);
     gpm_advance(idx, source, now);
@@ -1860,6 +1872,7 @@ EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
     struct nvmlGpmSample_st *smp = calloc(1, sizeof *smp);
     if (!smp) return leave(NVML_ERROR_UNKNOWN);
     smp->magic = FAKE_GPM_MAGIC;
+    smp->generation = g_gpm_generation;
     smp->gpu = -1;
     g_gpm_live++;
     *gpmSample = smp;
@@ -1869,6 +1882,7 @@ EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample) {
 EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
     SYS_ENTER(nvmlGpmSampleFree);
     if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpm_stale(gpmSample, "nvmlGpmSampleFree")) return leave(NVML_ERROR_INVALID_ARGUMENT);
     gpmSample->magic = 0;
     free(gpmSample);
     g_gpm_live--;
@@ -1877,7 +1891,8 @@ EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample) {
 
 EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
     DEV_ENTER(nvmlGpmSampleGet);
-    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC || gpm_stale(gpmSample, "nvmlGpmSampleGet"))
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!gp->gpm) return leave(NVML_ERROR_NOT_SUPPORTED);
     return leave(gpm_take(idx_, 0, gpmSample));
 }
@@ -1885,7 +1900,8 @@ EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSam
 /* A GPU instance of the parent: one of its present MIG devices must belong to it. */
 EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpuInstanceId, nvmlGpmSample_t gpmSample) {
     DEV_ENTER(nvmlGpmMigSampleGet);
-    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gpmSample || gpmSample->magic != FAKE_GPM_MAGIC || gpm_stale(gpmSample, "nvmlGpmMigSampleGet"))
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
     if (!gp->gpm || !gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
     int found = 0;
     for (int i = 0; gp->mig_detail && gp->mig_current && i < gp->n_mig; i++)
@@ -1904,6 +1920,7 @@ EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
     if (!s1 || !s2 || s1->magic != FAKE_GPM_MAGIC || s2->magic != FAKE_GPM_MAGIC || s1->gpu < 0 || s1->gpu != s2->gpu ||
         s1->source != s2->source || s2->t_us <= s1->t_us || metricsGet->numMetrics > NVML_GPM_METRIC_MAX)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (gpm_stale(s1, "nvmlGpmMetricsGet") | gpm_stale(s2, "nvmlGpmMetricsGet")) return leave(NVML_ERROR_INVALID_ARGUMENT);
     const fake_gpm_t *src = gpm_source(&g.gpus[s2->gpu], s2->source);
     unsigned long long dt = s2->t_us - s1->t_us;
     for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
