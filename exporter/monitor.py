@@ -39,8 +39,18 @@ _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 _HUNG_SLACK = 0.05
 # A backend that bounds each GPU's read itself (NVML: one worker per GPU) returns within
 # --collect.timeout with a hung GPU down alone; its whole read counts as hung (every GPU down)
-# only this much later, when a call outside any one GPU (the device count) hangs.
-_DEVICE_GRACE = 0.25
+# only later, when a call outside any one GPU (the device count) hangs. The margin leaves the
+# healthy GPUs and the read's tail (after the slow GPU's limit of --collect.timeout - 0.1 s)
+# room on a loaded machine: at least _DEVICE_GRACE_MIN, a quarter of the timeout on long ones.
+_DEVICE_GRACE_MIN = 1.0
+_DEVICE_GRACE_SHARE = 0.25
+
+
+def device_grace(timeout: float) -> float:
+    """How much longer than --collect.timeout a per-GPU-bounded read may run before it counts as hung."""
+    return max(_DEVICE_GRACE_MIN, _DEVICE_GRACE_SHARE * timeout)
+
+
 # A refresh that starts a kubelet List waits this long for it (a healthy kubelet answers in
 # milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s
 # shortest scrape deadline, so a hung kubelet cannot fail a concurrent scrape's GPU collector.
@@ -414,7 +424,7 @@ class ResourceMonitor:
 
     def _hung_after(self) -> float:
         if getattr(self._backend, "device_deadlines", False):
-            return self._timeout + _DEVICE_GRACE
+            return self._timeout + device_grace(self._timeout)
         return self._timeout - _HUNG_SLACK
 
     def _hung(self, reader: _GpuReader, age: float) -> tuple[GpuReading | None, CollectorStatus, bool]:

@@ -186,3 +186,55 @@ def test_convert_clamps_drops_nan_and_errors_and_scales_bandwidth():
     assert dict(sample.ratios) == {"sm_active": 1.0, "sm_occupancy": 0.0, "fp32_active": 0.255}
     assert sample.bandwidths == (("pcie", "transmit", 2.5 * MIB),)
     assert convert(SimpleNamespace(metrics=[metric(2, 1.0, rc=999)]), 1) is None  # nothing left: no sample
+
+
+def test_dropping_while_other_workers_add_sources_neither_raises_nor_loses_buffers(monkeypatch):
+    # GPUs are read on parallel workers while a GPU going down drops its windows: the
+    # bookkeeping is shared (a dict changing size under drop's loop failed the whole refresh)
+    import sys
+    import threading
+
+    allocated: list[object] = []
+    freed: list[object] = []
+
+    def ask(key, what, fn, *args, **kwargs):
+        if what == "gpm_alloc":
+            allocated.append(object())
+            return allocated[-1]
+        return 1 if what.startswith(("gpm_sample", "gpm_mig_sample")) else None
+
+    monkeypatch.setattr(pynvml, "nvmlGpmSampleFree", freed.append)
+    reader = GpmReader(logging.getLogger("test"))
+    reader.read("k0", None, ask)  # k0: a source with a kept sample
+    errors: list[BaseException] = []
+
+    def guarded(body):
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # handed to the test's thread
+                errors.append(exc)
+        return run
+
+    def adder() -> None:
+        for n in range(1, 2001):
+            reader.read(f"k{n}", None, ask, instance=n % 7)
+            reader.read("k0", None, ask)
+
+    def dropper() -> None:
+        for _ in range(2000):
+            reader.drop("k0")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=guarded(f)) for f in (adder, dropper)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors
+    reader.free_all()
+    assert len(freed) == len(allocated) and set(map(id, freed)) == set(map(id, allocated))

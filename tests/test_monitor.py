@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
+import scenarios as sc
 from exporter import ResourceMonitor
+from exporter.backends import GpuOptions
+from exporter.backends.nvml import NvmlBackend
 from exporter.samples import GpuReading
 from fakenvml import Records, Scenario, Trace, load_in_process
 from scenarios import DRIVER_NOT_LOADED, three_gpus
@@ -400,3 +403,98 @@ def test_nvml_is_not_shut_down_under_a_stuck_xid_wait_nor_initialised_twice(nvml
         symbols = [s for s, _ in trace.lines()]
         assert trace.count("nvmlShutdown") == 1 and trace.count("nvmlInitWithFlags") == 2
         assert symbols.index("nvmlShutdown") < len(symbols) - 1 - symbols[::-1].index("nvmlInitWithFlags")
+
+
+# -- per-GPU workers: what each hands back (in process, the backend alone) --------------
+
+
+def test_a_stuck_gpu_stays_watched_for_xids_on_every_refresh(nvml, log):
+    # a hung GPU is when XIDs come: its read in flight must not take it out of the event set
+    scenario, _ = nvml
+    backend = NvmlBackend(log[0], device_timeout=0.6)
+    try:
+        assert [d.up for d in backend.read().devices] == [True] * 3
+        assert backend._xid is not None
+        uuids = sorted(backend._xid._devices)
+        assert len(uuids) == 3
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetUtilizationRates": 3000})
+        for _ in range(2):  # the first stuck refresh, and the next one (GPU 1 not re-submitted)
+            reading = backend.read()
+            assert [d.up for d in reading.devices] == [True, False, True]
+            assert sorted(backend._xid._devices) == uuids
+    finally:
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetUtilizationRates": None})
+        backend.close()
+        wait_until(lambda: not any(w.busy for w in backend._workers.values()), timeout=10)
+
+
+def test_a_defect_in_one_gpu_read_is_raised_only_once_every_worker_answered(nvml, log, monkeypatch):
+    scenario, _ = nvml
+    backend = NvmlBackend(log[0], device_timeout=5.0)
+    try:
+        backend.read()
+        scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": 400})
+        plain = backend._read_device
+
+        def faulty(index: int):
+            if index == 0:
+                raise RuntimeError("a defect")
+            return plain(index)
+
+        monkeypatch.setattr(backend, "_read_device", faulty)
+        with pytest.raises(RuntimeError, match="a defect"):
+            backend.read()
+        assert not any(w.busy for w in backend._workers.values())  # GPU 2's slow read was waited for
+    finally:
+        scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": None})
+        backend.close()
+
+
+def _two_mig_gpus() -> dict[str, Any]:
+    values: dict[str, Any] = {"count": 2}
+    for i in (0, 1):
+        uuids = {slot: f"{uuid[:-1]}{i}" for slot, uuid in sc.MIG_UUIDS.items()}
+        values.update(sc.hopper_board(i))
+        values.update({f"gpu.{i}.gpm": 1, f"gpu.{i}.rc.nvmlGpmSampleGet": sc.NOT_SUPPORTED,
+                       f"gpu.{i}.mig_devices": sc.mig_slots(uuids=uuids)})
+        values.update({k: v for gi, gpm in sc.MIG_GPM.items() for k, v in sc.gpm_keys(f"gpu.{i}.gi.{gi}.", gpm).items()})
+    return values
+
+
+def test_mig_gpm_time_of_parallel_gpus_is_counted_per_gpu(nvml, log):
+    # GPU 1's GPU-instance samples (2 x 500 ms) overlap GPU 0's (2 x 300 ms), which start 600 ms
+    # later: time kept on the shared reader was counted on the wrong GPU (mig went negative)
+    scenario, _ = nvml
+    scenario.write({**_two_mig_gpus(), "gpu.0.delay_ms.nvmlDeviceGetPowerUsage": 600,
+                    "gpu.0.delay_ms.nvmlGpmMigSampleGet": 300, "gpu.1.delay_ms.nvmlGpmMigSampleGet": 500})
+    backend = NvmlBackend(log[0], device_timeout=5.0, options=GpuOptions(profiling=True, mig=True))
+    try:
+        parts = {p.name: p for p in backend.read().parts}
+    finally:
+        backend.close()
+    assert parts["profiling"].success and parts["mig"].success
+    # summed over the workers: 0.6 s + 1.0 s of GPM samples, though they overlapped
+    assert parts["profiling"].duration_seconds >= 1.6
+    assert 0.0 <= parts["mig"].duration_seconds < 0.3  # enumeration only (milliseconds)
+
+
+class SlowTail(FlakyBackend):
+    """Bounds each GPU itself (device_deadlines) and returns a while after --collect.timeout,
+    as a read with a slow GPU at its limit and a loaded machine's tail does."""
+
+    device_deadlines = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 2  # reads succeed
+
+    def read(self) -> GpuReading:
+        time.sleep(0.9)  # bounded: collect_timeout 0.4 s plus a 0.5 s tail
+        return super().read()
+
+
+def test_a_per_gpu_bounded_read_has_room_past_collect_timeout(log):
+    with ResourceMonitor(logger=log[0], cache_ttl=0, collect_timeout=0.4, backend=SlowTail()) as m:
+        snap = m.snapshot(timeout=5.0)
+        assert snap.gpu_status.success  # the read that returned, not every GPU down as hung
+        assert not any("longer than --collect.timeout" in t for t in log[1].messages())

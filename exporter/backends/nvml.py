@@ -64,6 +64,20 @@ _CLOCK_IDS = {
 }
 
 
+_PARTS = ("health", "nvlink", "processes", "profiling", "mig")
+
+
+@dataclasses.dataclass
+class _DeviceRead:
+    """What one GPU's worker hands back: nothing of it is written into the backend's
+    per-refresh state, which a late (stuck) job could otherwise change under the reader."""
+
+    key: str
+    sample: GpuSample
+    watch: tuple[str, Any] | None  # (uuid, handle) to watch for XIDs
+    seconds: dict[str, float]  # time spent in each collector part on this worker
+
+
 def _optional(name: str) -> Callable[..., Any] | None:
     """A pynvml wrapper that older bindings may not define."""
     return getattr(pynvml, name, None)
@@ -206,8 +220,13 @@ class NvmlBackend:
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
+        # index -> (uuid, handle) of its last read that got that far: a GPU whose read is
+        # stuck stays watched for XIDs (a hung GPU is when they come)
+        self._last_watched: dict[int, tuple[str, Any]] = {}
+        # the worker thread's own job: its (uuid, handle) and part seconds, returned with its result
+        self._job = threading.local()
         self._gpm = GpmReader(log) if self._options.profiling else None
-        self._part_seconds = {"health": 0.0, "nvlink": 0.0, "processes": 0.0, "profiling": 0.0, "mig": 0.0}
+        self._part_seconds = dict.fromkeys(_PARTS, 0.0)  # summed over the GPUs' parallel workers
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
         self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
         self._closing = False
@@ -239,6 +258,7 @@ class NvmlBackend:
         self._ever_initialised = True
         self._init_failures = 0
         self._handles.clear()
+        self._last_watched.clear()
         self._complete.clear()
         self._count = -1
         self._busy.reset()  # the driver's sample clock may have restarted
@@ -284,6 +304,7 @@ class NvmlBackend:
         # without shutdown would leak one reference per driver reload
         self._shutdown()
         self._handles.clear()
+        self._last_watched.clear()
         # doubling until a read succeeds again: an init that works but a count that keeps
         # failing must not re-init every second
         self._next_attempt = time.monotonic() + self._backoff
@@ -346,15 +367,16 @@ class NvmlBackend:
     def read(self) -> GpuReading:
         if not self.try_init():
             return self._unavailable()
-        self._part_seconds = dict.fromkeys(self._part_seconds, 0.0)
+        self._part_seconds = dict.fromkeys(_PARTS, 0.0)
         self._watched = {}
         self._mig_on = False
         try:
             count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
             if count != self._count:  # re-enumerated: an index may now be another device
                 self._handles.clear()
+                self._last_watched.clear()
                 self._count = count
-            devices = self._read_devices(count)
+            devices, self._watched, self._part_seconds = self._read_devices(count)
         except (BackendDown, DeviceDown, Missing) as err:  # count failing means the library, not a device
             code = getattr(err, "code", None)
             self._lost_backend(err if isinstance(err, BackendDown) else BackendDown(code, str(err)))
@@ -380,7 +402,7 @@ class NvmlBackend:
         xid = None
         if self._xid is not None:
             if not self._closing:
-                self._xid.watch(self._watched)
+                self._xid.watch(dict(self._watched))
             xid = self._xid.state()
             self._xid_ever_watched = self._xid_ever_watched or bool(xid.watched)
         return GpuReading(
@@ -432,10 +454,12 @@ class NvmlBackend:
         with self._ident_lock:
             return list(self._identities.values())
 
-    def _read_devices(self, count: int) -> list[tuple[str, GpuSample]]:
-        """Every device on its own worker, in parallel. A device whose read does not return
-        within the limit (or is still running from an earlier refresh) is down alone; the
-        first library-level error of any device is raised once all have answered."""
+    def _read_devices(self, count: int) -> tuple[list[tuple[str, GpuSample]], dict[str, Any], dict[str, float]]:
+        """Every device on its own worker, in parallel: the samples, the devices to watch for
+        XIDs (uuid -> handle) and the part seconds summed over the workers. A device whose read
+        does not return within the limit (or is still running from an earlier refresh) is down
+        alone, watched by its last handle; the first error of any device is raised once all
+        have answered (a defect before a library-level error)."""
         until = time.monotonic() + self._device_limit
         started = []
         for i in range(count):
@@ -444,25 +468,42 @@ class NvmlBackend:
                 worker = self._workers[i] = DeviceWorker(i)
             started.append(worker.submit(lambda i=i: self._read_device(i)))
         out: list[tuple[str, GpuSample]] = []
-        error: Exception | None = None
+        watched: dict[str, Any] = {}
+        seconds = dict.fromkeys(_PARTS, 0.0)
+        error: BaseException | None = None
+        defect: BaseException | None = None
         self._any_stuck = False
         for i, submitted in enumerate(started):
             done, result, err = self._workers[i].wait(until) if submitted else (False, None, None)
             if not done:
                 out.append(self._stuck_device(i))
+                if i in self._last_watched:
+                    uuid, handle = self._last_watched[i]
+                    watched[uuid] = handle
                 continue
             if i in self._stuck:
                 self._stuck.discard(i)
                 self._log.info("GPU read returned; reading it again", extra=fields(gpu=i))
             if err is not None:
-                if not isinstance(err, (BackendDown, DeviceDown, Missing)):
-                    raise err  # a defect: the reader logs it
-                error = error or err
+                if isinstance(err, (BackendDown, DeviceDown, Missing)):
+                    error = error or err
+                else:  # a defect (the reader logs it): raised once every worker is waited for
+                    defect = defect or err
                 continue
-            out.append(result)
+            assert isinstance(result, _DeviceRead)
+            out.append((result.key, result.sample))
+            if result.watch is not None:
+                self._last_watched[i] = result.watch
+                watched[result.watch[0]] = result.watch[1]
+            else:
+                self._last_watched.pop(i, None)
+            for part, spent in result.seconds.items():
+                seconds[part] += spent
+        if defect is not None:
+            raise defect
         if error is not None:
             raise error
-        return out
+        return out, watched, seconds
 
     def _stuck_device(self, index: int) -> tuple[str, GpuSample]:
         self._any_stuck = True
@@ -498,7 +539,20 @@ class NvmlBackend:
             self._gpm.drop(key)  # it may be reset before it answers again: no GPM window across the gap
         return GpuSample(identity, up=False)
 
-    def _read_device(self, index: int) -> tuple[str, GpuSample]:
+    def _read_device(self, index: int) -> _DeviceRead:
+        """One GPU's job on its worker."""
+        job = self._job
+        job.watch, job.seconds = None, dict.fromkeys(_PARTS, 0.0)
+        key, sample = self._read_one(index)
+        return _DeviceRead(key, sample, job.watch, job.seconds)
+
+    def _spent(self, part: str, seconds: float) -> None:
+        """Time of one collector part, on this worker's job (none outside a job)."""
+        spent = getattr(self._job, "seconds", None)
+        if spent is not None:
+            spent[part] += seconds
+
+    def _read_one(self, index: int) -> tuple[str, GpuSample]:
         handle = self._handles.get(index)
         if handle is None:
             try:
@@ -507,13 +561,14 @@ class NvmlBackend:
                 handle = None
             if handle is None:  # lost at handle: the device that was at this index is down
                 key = self._key_at.get(index) or f"#index-{index}"
-                self._identities.setdefault(key, GpuIdentity(index=index))
+                with self._ident_lock:  # the reader and other workers iterate it
+                    self._identities.setdefault(key, GpuIdentity(index=index))
                 return key, self._down(key, DeviceDown(None, "no handle"))
             self._handles[index] = handle
         key = self._identify(index, handle)
         uuid = self._identities[key].uuid
         if uuid:  # watched for XIDs even while its values fail: that is when XIDs come
-            self._watched[uuid] = handle
+            self._job.watch = (uuid, handle)
         try:
             sample = self._read_values(key, self._identities[key], handle)
         except DeviceDown as err:
@@ -663,7 +718,7 @@ class NvmlBackend:
         if self._options.nvlink:
             clock = time.perf_counter()
             links = self._health.link_count(key, handle, batch)
-            self._part_seconds["nvlink"] += time.perf_counter() - clock
+            self._spent("nvlink", time.perf_counter() - clock)
             requests += self._health.link_requests(links)
             self._has_links = self._has_links or links > 0
         fields = batch(requests) or {}
@@ -684,17 +739,17 @@ class NvmlBackend:
         if self._options.health:
             clock = time.perf_counter()
             out["health"] = self._health.health(key, handle, fields)
-            self._part_seconds["health"] += time.perf_counter() - clock
+            self._spent("health", time.perf_counter() - clock)
         if self._gpm is not None:
             clock = time.perf_counter()
             if self._gpm.supported(key, handle, ask):
                 out["profiling"] = self._gpm.read(key, handle, ask)
-            self._part_seconds["profiling"] += time.perf_counter() - clock
+            self._spent("profiling", time.perf_counter() - clock)
         out.update(self._read_mig(key, handle))
         if links:
             clock = time.perf_counter()
             out["nvlinks"] = self._health.nvlinks(key, handle, links, fields)
-            self._part_seconds["nvlink"] += time.perf_counter() - clock
+            self._spent("nvlink", time.perf_counter() - clock)
         return out
 
     @staticmethod
@@ -779,7 +834,7 @@ class NvmlBackend:
             out["process_list"] = tuple(
                 GpuProcess(pid, used, ratios.get(pid, ()) if ratios is not None else ()) for pid, used in sorted(memory.items())
             )
-            self._part_seconds["processes"] += time.perf_counter() - clock
+            self._spent("processes", time.perf_counter() - clock)
         return out
 
     def _process_utilization(self, key: str, handle: Any, pids: set[int]) -> dict[int, tuple[tuple[str, float], ...]] | None:
@@ -839,11 +894,7 @@ class NvmlBackend:
                 out["mig_uuids"] = tuple(self._mig.uuids(migs))
             if self._options.mig:
                 self._mig_on = True
-                self._mig.gpm_seconds = 0.0
-                try:
-                    out["mig"] = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
-                finally:
-                    gpm_seconds = self._mig.gpm_seconds
-                    self._part_seconds["profiling"] += gpm_seconds
-        self._part_seconds["mig"] += time.perf_counter() - clock - gpm_seconds
+                out["mig"], gpm_seconds = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
+                self._spent("profiling", gpm_seconds)
+        self._spent("mig", time.perf_counter() - clock - gpm_seconds)
         return out

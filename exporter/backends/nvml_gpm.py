@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -76,11 +77,16 @@ class GpmReader:
         self._missing: set[str] = set(self._unbound)
         self._supported: dict[str, bool] = {}  # device key -> the support query's answer, per init
         self._sources: dict[tuple[str, int | None], _Source] = {}  # (device key, GPU instance id or None)
+        # GPUs are read on parallel workers, and a GPU going down drops its windows from the
+        # reader's thread: the bookkeeping above is changed under this lock, never held
+        # across an NVML call (a hung GPU must not block the others)
+        self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
         """Some device has GPM (the profiling collector reports its status)."""
-        return any(self._supported.values())
+        with self._lock:
+            return any(self._supported.values())
 
     def _lacks(self, *names: str) -> bool:
         return any(n in self._missing for n in (*_CORE, *names))
@@ -88,18 +94,25 @@ class GpmReader:
     def supported(self, key: str, handle: Any, ask: Ask) -> bool:
         if self._lacks():
             return False
-        known = self._supported.get(key)
+        with self._lock:
+            known = self._supported.get(key)
         if known is not None:
             return known
         try:
             answer = ask(key, "gpm_support", nvml_errors.call, pynvml.nvmlGpmQueryDeviceSupport, handle, part="profiling")
         except Missing:  # a driver older than GPM: never asked again until the next init
-            self._missing.add("nvmlGpmQueryDeviceSupport")
+            self._lose("nvmlGpmQueryDeviceSupport")
             return False
         if answer is None:  # NOT_SUPPORTED / NO_PERMISSION: asked again after HealthReader's recheck
             return False
-        self._supported[key] = bool(int(answer.isSupportedDevice))
-        return self._supported[key]
+        known = bool(int(answer.isSupportedDevice))
+        with self._lock:
+            self._supported[key] = known
+        return known
+
+    def _lose(self, symbol: str) -> None:
+        with self._lock:
+            self._missing.add(symbol)
 
     def read(
         self, key: str, handle: Any, ask: Ask, instance: int | None = None, tag: Any = None
@@ -111,25 +124,26 @@ class GpmReader:
         symbol = _SAMPLE_GET if instance is None else _MIG_SAMPLE_GET
         if self._lacks(symbol):
             return None
-        source = self._sources.get((key, instance))
-        if source is not None and source.tag != tag:
-            source.spare += [buf for _, buf in source.kept]
-            source.kept = []
-        if source is None:
-            source = self._sources[(key, instance)] = _Source(tag=tag)
-        source.tag = tag
-        if not source.spare:  # allocated on first need, at most _BUFFERS: a refused source holds one
+        with self._lock:
+            source = self._sources.get((key, instance))
+            if source is not None and source.tag != tag:
+                source.spare += [buf for _, buf in source.kept]
+                source.kept = []
+            if source is None:
+                source = self._sources[(key, instance)] = _Source(tag=tag)
+            source.tag = tag
+            buf = source.spare.pop() if source.spare else None
+        if buf is None:  # allocated on first need, at most _BUFFERS: a refused source holds one
             try:
                 buf = ask(key, "gpm_alloc", nvml_errors.call, pynvml.nvmlGpmSampleAlloc, part="profiling")
             except Missing:
-                self._missing.add("nvmlGpmSampleAlloc")
+                self._lose("nvmlGpmSampleAlloc")
                 return None
             if buf is None:  # failed (logged, the part fails): tried again next refresh
                 return None
-            source.allocated += 1
-            source.spare.append(buf)
+            with self._lock:
+                source.allocated += 1
         suffix = "" if instance is None else f".{instance}"
-        buf = source.spare.pop()
         try:
             if instance is None:
                 taken = ask(key, "gpm_sample", nvml_errors.call, pynvml.nvmlGpmSampleGet, handle, buf, part="profiling", remember=False)
@@ -137,29 +151,32 @@ class GpmReader:
                 taken = ask(key, f"gpm_mig_sample{suffix}", nvml_errors.call, pynvml.nvmlGpmMigSampleGet, handle, instance, buf,
                             part="profiling", remember=False)
         except Missing:
-            self._missing.add(symbol)
+            self._lose(symbol)
             taken = None
         except BaseException:  # a lost GPU or library: the buffer stays this source's, freed by free_all
-            source.spare.append(buf)
+            with self._lock:
+                source.spare.append(buf)
             raise
         now = self._clock()
-        if taken is None:  # not supported or failed this once: no window across the gap
-            source.spare += [buf, *(b for _, b in source.kept)]
-            source.kept = []
-            return None
-        for stale in [k for k in source.kept if now - k[0] > MAX_WINDOW]:
-            source.kept.remove(stale)
-            source.spare.append(stale[1])
-        base = next((b for t, b in reversed(source.kept) if now - t >= MIN_WINDOW), None)
+        with self._lock:
+            if taken is None:  # not supported or failed this once: no window across the gap
+                source.spare += [buf, *(b for _, b in source.kept)]
+                source.kept = []
+                return None
+            for stale in [k for k in source.kept if now - k[0] > MAX_WINDOW]:
+                source.kept.remove(stale)
+                source.spare.append(stale[1])
+            base = next((b for t, b in reversed(source.kept) if now - t >= MIN_WINDOW), None)
         try:
             out = self._compute(key + suffix, ask, base, buf) if base is not None else None
         finally:
-            if not source.kept or now - source.kept[-1][0] >= MIN_WINDOW:
-                source.kept.append((now, buf))  # kept; the older of two kept ones is reused
-                if len(source.kept) > _BUFFERS - 1:
-                    source.spare.append(source.kept.pop(0)[1])
-            else:  # a fast scrape: the older samples stay the baseline, this buffer is reused
-                source.spare.append(buf)
+            with self._lock:
+                if not source.kept or now - source.kept[-1][0] >= MIN_WINDOW:
+                    source.kept.append((now, buf))  # kept; the older of two kept ones is reused
+                    if len(source.kept) > _BUFFERS - 1:
+                        source.spare.append(source.kept.pop(0)[1])
+                else:  # a fast scrape: the older samples stay the baseline, this buffer is reused
+                    source.spare.append(buf)
         return out
 
     def _compute(self, key: str, ask: Ask, older: Any, newer: Any) -> ProfilingSample | None:
@@ -172,7 +189,7 @@ class GpmReader:
         try:
             answer = ask(key, "gpm_metrics", nvml_errors.call, pynvml.nvmlGpmMetricsGet, request, part="profiling", remember=False)
         except Missing:
-            self._missing.add("nvmlGpmMetricsGet")
+            self._lose("nvmlGpmMetricsGet")
             return None
         if answer is None:
             return None
@@ -181,24 +198,29 @@ class GpmReader:
     def drop(self, key: str) -> None:
         """The device went down: no window across the gap (it may have been reset meanwhile);
         the buffers stay and are reused when it answers again."""
-        for (k, _), source in self._sources.items():
-            if k == key and source.kept:
-                source.spare += [b for _, b in source.kept]
-                source.kept = []
+        with self._lock:
+            for (k, _), source in self._sources.items():
+                if k == key and source.kept:
+                    source.spare += [b for _, b in source.kept]
+                    source.kept = []
 
     def forget_instances(self, key: str, alive: set[int]) -> None:
         """GPU instances of this device that no longer exist: their buffers go back to NVML."""
-        for (k, gi) in [s for s in list(self._sources) if s[0] == key and s[1] is not None and s[1] not in alive]:
-            self._free(self._sources.pop((k, gi)))
+        with self._lock:
+            gone = [self._sources.pop(s) for s in list(self._sources) if s[0] == key and s[1] is not None and s[1] not in alive]
+        for source in gone:
+            self._free(source)
 
     def free_all(self) -> None:
         """Before nvmlShutdown (and on re-init): every buffer back; support and the symbols
         are asked again (the next init may load another driver)."""
-        for source in self._sources.values():
+        with self._lock:
+            sources = list(self._sources.values())
+            self._sources.clear()
+            self._supported.clear()
+            self._missing = set(self._unbound)
+        for source in sources:
             self._free(source)
-        self._sources.clear()
-        self._supported.clear()
-        self._missing = set(self._unbound)
 
     def _free(self, source: _Source) -> None:
         for buf in [*source.spare, *(b for _, b in source.kept)]:
@@ -208,4 +230,5 @@ class GpmReader:
                 nvml_errors.call(pynvml.nvmlGpmSampleFree, buf)
             except (Missing, DeviceDown, nvml_errors.BackendDown):  # the library is going away anyway
                 pass
-        source.spare, source.kept = [], []
+        with self._lock:
+            source.spare, source.kept = [], []

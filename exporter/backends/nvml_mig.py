@@ -44,7 +44,6 @@ class MigReader:
         self._handle = Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
         self._gi = Fallback(_optional("nvmlDeviceGetGpuInstanceId"))
         self._ci = Fallback(_optional("nvmlDeviceGetComputeInstanceId"))
-        self.gpm_seconds = 0.0  # time the last state() spent in GPM reads (the profiling collector's)
 
     def mode(self, key: str, handle: Any, ask: Ask) -> tuple[int | None, int | None] | None:
         """(current, pending), or None on a GPU without MIG."""
@@ -79,8 +78,10 @@ class MigReader:
     def state(
         self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,
         mode: tuple[int | None, int | None], migs: list[tuple[Any, str]], memory_of: Callable[[Any], Any],
-    ) -> MigState:
-        """memory_of: the backend's memory query (v2, else v1 where used includes reserved)."""
+    ) -> tuple[MigState, float]:
+        """The state, and the seconds it spent in GPM reads (the profiling collector's time;
+        returned, not kept: GPUs are read on parallel workers). memory_of: the backend's
+        memory query (v2, else v1 where used includes reserved)."""
         current, pending = mode
         devices: list[MigDevice] = []
         first: dict[int, Any] = {}  # GPU instance id -> its first MIG device's handle
@@ -102,7 +103,7 @@ class MigReader:
         instances = []
         clock = time.perf_counter()
         gpm_on = gpm is not None and gpm.supported(key, handle, ask)
-        self.gpm_seconds = time.perf_counter() - clock
+        gpm_seconds = time.perf_counter() - clock
         for gi in sorted(first):
             memory = self._memory(first[gi], fail, memory_of)
             profiling = None
@@ -112,7 +113,7 @@ class MigReader:
                 try:
                     profiling = gpm.read(key, handle, ask, instance=gi, tag=tuple(sorted(members[gi])))
                 finally:
-                    self.gpm_seconds += time.perf_counter() - clock
+                    gpm_seconds += time.perf_counter() - clock
             instances.append(MigInstance(
                 gpu_instance_id=gi,
                 memory_total_bytes=memory[0] if memory else None,
@@ -123,7 +124,7 @@ class MigReader:
         if gpm is not None:
             gpm.forget_instances(key, set(first))
         devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
-        return MigState(current=current, pending=pending, devices=tuple(devices), instances=tuple(instances))
+        return MigState(current=current, pending=pending, devices=tuple(devices), instances=tuple(instances)), gpm_seconds
 
     def _memory(self, mig: Any, fail: Callable[[], None], memory_of: Callable[[Any], Any]) -> tuple[int, int, int] | None:
         try:
