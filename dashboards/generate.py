@@ -140,6 +140,23 @@ POD_BY = "job, instance, gpu, uuid, namespace, pod, container"
 ALLOCATIONS = f"resmon_gpu_allocation_info{{{GSEL}}}"
 
 
+def merged_table(exclude: dict[str, bool], rename: dict[str, str],
+                 index: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """A table panel's transformations: its queries merged into one row per series, then
+    columns hidden, ordered and renamed."""
+    options: dict[str, Any] = {"excludeByName": exclude}
+    if index is not None:
+        options["indexByName"] = index
+    options["renameByName"] = rename
+    return [{"id": "merge", "options": {}}, {"id": "organize", "options": options}]
+
+
+def column_units(units: dict[str, str]) -> list[dict[str, Any]]:
+    """Field overrides giving each named column its unit."""
+    return [{"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+            for name, unit in units.items()]
+
+
 def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"type": "value", "options": {v: {"text": text, "color": color, "index": i}
                                           for i, (v, (text, color)) in enumerate(texts.items())}}]
@@ -184,20 +201,15 @@ def fleet() -> dict[str, Any]:
                    "last 24 hours (empty: none since the exporter started, or the GPU reports none), uncorrectable "
                    "ECC errors since the driver loaded, a row remap or page retirement waiting for a reset, and the "
                    "recovery action the driver asks for.")
-    table["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "backend": True},
-            "renameByName": {"Value #B": "VRAM used", "Value #C": "Utilization", "Value #D": "Temperature",
-                             "Value #E": "Power", "Value #F": "Power limit", "Value #G": "Throttle reasons",
-                             "Value #H": "Up", "Value #I": "XIDs (24h)", "Value #J": "Uncorrectable ECC",
-                             "Value #K": "Reset pending", "Value #L": "Recovery action"}}},
-    ]
-    table["fieldConfig"]["overrides"] = [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
-        for name, unit in (("VRAM used", "percentunit"), ("Utilization", "percentunit"), ("Temperature", "celsius"),
-                           ("Power", "watt"), ("Power limit", "watt"))
-    ] + [
+    table["transformations"] = merged_table(
+        exclude={"Time": True, "Value #A": True, "__name__": True, "backend": True},
+        rename={"Value #B": "VRAM used", "Value #C": "Utilization", "Value #D": "Temperature",
+                "Value #E": "Power", "Value #F": "Power limit", "Value #G": "Throttle reasons",
+                "Value #H": "Up", "Value #I": "XIDs (24h)", "Value #J": "Uncorrectable ECC",
+                "Value #K": "Reset pending", "Value #L": "Recovery action"})
+    table["fieldConfig"]["overrides"] = column_units({
+        "VRAM used": "percentunit", "Utilization": "percentunit", "Temperature": "celsius", "Power": "watt",
+        "Power limit": "watt"}) + [
         {"matcher": {"id": "byName", "options": "Reset pending"},
          "properties": [{"id": "mappings", "value": value_map({"0": ("no", "green"), "1": ("yes", "orange")})}]},
         {"matcher": {"id": "byName", "options": "Recovery action"},
@@ -224,17 +236,12 @@ def fleet() -> dict[str, Any]:
                    "whole GPU), and how many GPUs the pod is allocated (kubernetes collector). Pods that share a GPU "
                    "(time-slicing) each show their own VRAM. A pod without VRAM holds GPUs it does not use, or its "
                    "node runs without the processes collector.")
-    pods["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True},
-            "indexByName": {"namespace": 0, "pod": 1, "instance": 2, "Value #A": 3, "Value #B": 4, "Value #C": 5},
-            "renameByName": {"Value #A": "VRAM", "Value #B": "SM utilization", "Value #C": "GPUs allocated"}}},
-    ]
-    pods["fieldConfig"]["overrides"] = [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
-        for name, unit in (("VRAM", "bytes"), ("SM utilization", "percentunit"), ("GPUs allocated", "short"))
-    ]
+    pods["transformations"] = merged_table(
+        exclude={"Time": True},
+        index={"namespace": 0, "pod": 1, "instance": 2, "Value #A": 3, "Value #B": 4, "Value #C": 5},
+        rename={"Value #A": "VRAM", "Value #B": "SM utilization", "Value #C": "GPUs allocated"})
+    pods["fieldConfig"]["overrides"] = column_units(
+        {"VRAM": "bytes", "SM utilization": "percentunit", "GPUs allocated": "short"})
     pods["options"] = {"sortBy": [{"displayName": "VRAM", "desc": True}]}
     lay.add(pods, 24, 8)
     lay.row("Hosts")
@@ -291,18 +298,13 @@ def node() -> dict[str, Any]:
                f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "D", instant=True, table=True),
     ], description="One row per MIG device (compute instance): its GPU and compute instance, profile and MIG UUID, "
                    "and its GPU instance's memory and SM activity (shared by the instance's compute instances).")
-    mig["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "job": True},
-            "indexByName": {"instance": 0, "gpu": 1, "gpu_instance_id": 2, "compute_instance_id": 3, "profile": 4,
-                            "mig_uuid": 5, "Value #B": 6, "Value #C": 7, "Value #D": 8},
-            "renameByName": {"Value #B": "GI memory used", "Value #C": "GI memory", "Value #D": "GI SM active"}}},
-    ]
-    mig["fieldConfig"]["overrides"] = [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
-        for name, unit in (("GI memory used", "bytes"), ("GI memory", "bytes"), ("GI SM active", "percentunit"))
-    ]
+    mig["transformations"] = merged_table(
+        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True},
+        index={"instance": 0, "gpu": 1, "gpu_instance_id": 2, "compute_instance_id": 3, "profile": 4,
+               "mig_uuid": 5, "Value #B": 6, "Value #C": 7, "Value #D": 8},
+        rename={"Value #B": "GI memory used", "Value #C": "GI memory", "Value #D": "GI SM active"})
+    mig["fieldConfig"]["overrides"] = column_units(
+        {"GI memory used": "bytes", "GI memory": "bytes", "GI SM active": "percentunit"})
     lay.add(mig, 24, 7)
     lay.row("Who uses the GPU")
     lay.add(ts("VRAM by process", [(who(PROC_MEM), GPU_LEGEND + " {{who}}")], "bytes", min=0,
@@ -323,18 +325,13 @@ def node() -> dict[str, Any]:
                    "instance), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
                    "it holds; empty: none, or the processes collector is off), and the VRAM of the whole device, "
                    "shared by every pod on it.")
-    allocations["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "Value #A": True, "__name__": True, "job": True},
-            "indexByName": {"namespace": 0, "pod": 1, "container": 2, "resource": 3, "device_id": 4, "instance": 5,
-                            "gpu": 6, "uuid": 7, "Value #B": 8, "Value #C": 9},
-            "renameByName": {"Value #B": "Container VRAM", "Value #C": "Device VRAM (all pods)"}}},
-    ]
-    allocations["fieldConfig"]["overrides"] = [
-        {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": "bytes"}]}
-        for name in ("Container VRAM", "Device VRAM (all pods)")
-    ]
+    allocations["transformations"] = merged_table(
+        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True},
+        index={"namespace": 0, "pod": 1, "container": 2, "resource": 3, "device_id": 4, "instance": 5,
+               "gpu": 6, "uuid": 7, "Value #B": 8, "Value #C": 9},
+        rename={"Value #B": "Container VRAM", "Value #C": "Device VRAM (all pods)"})
+    allocations["fieldConfig"]["overrides"] = column_units(
+        {"Container VRAM": "bytes", "Device VRAM (all pods)": "bytes"})
     allocations["options"] = {"sortBy": [{"displayName": "namespace", "desc": False}]}
     lay.add(allocations, 24, 8)
     lay.row("Power and thermals")
@@ -376,12 +373,9 @@ def node() -> dict[str, Any]:
         target(f"resmon_gpu_xid_last_timestamp_seconds{{{GSEL}}} * 1000", "", "B", instant=True, table=True),
     ], description="Every XID code each GPU has reported since the exporter started, with the time of its latest "
                    "event.")
-    latest["transformations"] = [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "__name__": True, "job": True},
-            "renameByName": {"Value #A": "Events", "Value #B": "Latest"}}},
-    ]
+    latest["transformations"] = merged_table(
+        exclude={"Time": True, "__name__": True, "job": True},
+        rename={"Value #A": "Events", "Value #B": "Latest"})
     latest["fieldConfig"]["overrides"] = [
         {"matcher": {"id": "byName", "options": "Latest"}, "properties": [{"id": "unit", "value": "dateTimeAsIso"}]},
     ]
