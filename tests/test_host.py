@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import pytest
 
 from exporter.host import HostReader
 
