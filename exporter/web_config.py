@@ -10,6 +10,7 @@ the last good configuration stays in force.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -22,8 +23,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .logs import fields
 
@@ -93,11 +92,20 @@ _HTTP_KEYS = {"http2", "headers"}
 _TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a typo'd second 'user:' must not win silently)."""
+@functools.cache
+def _strict_loader() -> Any:
+    """SafeLoader that refuses duplicate keys (a typo'd second 'user:' must not win silently).
+    Built on first use: PyYAML (0.9 MiB) is only imported when there is a web config to read."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        pass
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+    return StrictLoader
 
 
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+def _mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
     result: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -108,9 +116,6 @@ def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) 
             raise WebConfigError(f"unhashable key at line {key_node.start_mark.line + 1}") from None
         result[key] = loader.construct_object(value_node, deep=deep)
     return result
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 @dataclass(frozen=True)
@@ -313,8 +318,10 @@ def bcrypt_cost(hashed: bytes) -> int:
 
 
 def parse(text: str, base: Path) -> WebConfig:
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_strict_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -453,8 +460,6 @@ class Authenticator:
     MAX_CACHED = 4096
 
     def __init__(self, users: dict[str, bytes]) -> None:
-        import bcrypt
-
         self.users = users
         self._ok: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, float] = OrderedDict()  # key -> expiry (monotonic)
@@ -462,10 +467,14 @@ class Authenticator:
         cost = max((bcrypt_cost(h) for h in users.values()), default=4)
         self._max_cost = cost
         self._slowest = 0.0  # seconds a check at the slowest cost took (the latest measured)
-        # a real salt of that cost plus a well-formed digest: checking against it costs the
-        # full bcrypt work, without paying that work here at load
-        tail = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(4))[-31:]
-        self.dummy: bytes = bcrypt.gensalt(cost) + tail
+        self.dummy = b""
+        if users:  # without users nothing is checked: bcrypt (0.5 MiB) is not even imported
+            import bcrypt
+
+            # a real salt of that cost plus a well-formed digest: checking against it costs the
+            # full bcrypt work, without paying that work here at load
+            tail = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(4))[-31:]
+            self.dummy = bcrypt.gensalt(cost) + tail
 
     @property
     def enabled(self) -> bool:
@@ -491,6 +500,8 @@ class Authenticator:
 
     def verify(self, user: str, password: str) -> bool:
         """The bcrypt check (slow: callers run it off the event loop, a few at a time)."""
+        if not self.users:
+            return False
         import bcrypt
 
         hashed = self.users.get(user)

@@ -222,3 +222,19 @@ def test_fuzz_raw_text(tls_dir, text):
         parse(text, tls_dir)
     except WebConfigError:
         pass
+
+
+def test_without_a_web_config_neither_yaml_nor_bcrypt_is_loaded(tmp_path):
+    """Their 1.4 MiB are paid only by users who configure TLS or basic auth (import cost,
+    docs/performance.md); a web config loads them and checks passwords as before."""
+    users = tmp_path / "web.yml"
+    users.write_text(f"basic_auth_users:\n  alice: {bcrypt.hashpw(b'secret', bcrypt.gensalt(4)).decode()}\n")
+    probe = (
+        "import logging, sys; from pathlib import Path; from exporter.web_config import WebConfigSource\n"
+        "_, _, auth = WebConfigSource(None, logging.getLogger()).current()\n"
+        "print(sorted(m for m in ('yaml', 'bcrypt') if m in sys.modules), auth.enabled, auth.check('alice', 'secret'))\n"
+        "_, _, auth = WebConfigSource(Path(sys.argv[1]), logging.getLogger()).current()\n"
+        "print(sorted(m for m in ('yaml', 'bcrypt') if m in sys.modules), auth.enabled, auth.check('alice', 'secret'), auth.check('alice', 'wrong'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(users)], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.splitlines() == ["[] False False", "['bcrypt', 'yaml'] True True False"]
