@@ -21,7 +21,7 @@ from exporter.backends import GpuOptions
 from exporter.backends.nvml import NvmlBackend
 from exporter.samples import GpuReading
 from fakenvml import Records, Scenario, Trace, load_in_process
-from scenarios import DRIVER_NOT_LOADED, three_gpus
+from scenarios import DRIVER_NOT_LOADED, UNKNOWN, three_gpus
 
 
 @pytest.fixture
@@ -447,6 +447,58 @@ def test_a_defect_in_one_gpu_read_is_raised_only_once_every_worker_answered(nvml
         assert not any(w.busy for w in backend._workers.values())  # GPU 2's slow read was waited for
     finally:
         scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": None})
+        backend.close()
+
+
+def test_a_defect_and_a_lost_library_in_one_read_still_reinitialise_nvml(nvml, log, monkeypatch):
+    # GPU 0's read hits a bug while GPU 1's finds the driver gone: the defect is reported and
+    # the library released, so the next read initialises again instead of reading a dead init
+    scenario, trace = nvml
+    backend = NvmlBackend(log[0], device_timeout=5.0)
+    try:
+        backend.read()
+        scenario.update(**{"gpu.1.rc.nvmlDeviceGetUUID": DRIVER_NOT_LOADED})
+        plain = backend._read_device
+
+        def faulty(index: int):
+            if index == 0:
+                raise RuntimeError("a defect")
+            return plain(index)
+
+        monkeypatch.setattr(backend, "_read_device", faulty)
+        with pytest.raises(RuntimeError, match="a defect"):
+            backend.read()
+        assert trace.count("nvmlShutdown") == 1
+        assert not backend._initialised
+    finally:
+        scenario.update(**{"gpu.1.rc.nvmlDeviceGetUUID": None})
+        backend.close()
+
+
+def _health_status(reading: GpuReading) -> bool:
+    return {p.name: p.success for p in reading.parts}["health"]
+
+
+def test_a_stuck_gpus_late_health_failure_fails_only_its_own_read(nvml, log):
+    # GPU 1's remapped-rows query hangs, then fails: the read it hung in reports the health
+    # collector unsuccessful (GPU 1's values are missing); the failure arriving later, from
+    # the job no read waits for any more, must not fail the next read, where GPU 1 answers
+    scenario, _ = nvml
+    scenario.update(**{"gpu.1.row_remapping": 1})
+    backend = NvmlBackend(log[0], device_timeout=0.6)
+    try:
+        assert _health_status(backend.read())
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetRemappedRows": 1500, "gpu.1.rc.nvmlDeviceGetRemappedRows": UNKNOWN})
+        stuck = backend.read()
+        assert [d.up for d in stuck.devices] == [True, False, True]
+        assert not _health_status(stuck)
+        wait_until(lambda: not backend._workers[1].busy)  # the late job has failed by now
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetRemappedRows": None, "gpu.1.rc.nvmlDeviceGetRemappedRows": None})
+        after = backend.read()
+        assert [d.up for d in after.devices] == [True, True, True]
+        assert _health_status(after)
+    finally:
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetRemappedRows": None, "gpu.1.rc.nvmlDeviceGetRemappedRows": None})
         backend.close()
 
 

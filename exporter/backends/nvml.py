@@ -76,6 +76,7 @@ class _DeviceRead:
     sample: GpuSample
     watch: tuple[str, Any] | None  # (uuid, handle) to watch for XIDs
     seconds: dict[str, float]  # time spent in each collector part on this worker
+    failed: frozenset[str]  # the collector parts whose queries failed on this GPU
 
 
 def _optional(name: str) -> Callable[..., Any] | None:
@@ -369,7 +370,6 @@ class NvmlBackend:
             return self._unavailable()
         self._part_seconds = dict.fromkeys(_PARTS, 0.0)
         self._watched = {}
-        self._mig_on = False
         try:
             count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
             if count != self._count:  # re-enumerated: an index may now be another device
@@ -386,6 +386,8 @@ class NvmlBackend:
             if key not in by_key or sample.up:
                 by_key[key] = sample
         self._key_at = {sample.identity.index: key for key, sample in by_key.items()}
+        # a GPU in this read answered its MIG mode (on or off): the mig collector is active
+        self._mig_on = any(sample.mig is not None for sample in by_key.values())
         seen = set(by_key)
         samples = list(by_key.values())
         # A device seen before but no longer enumerated stays visible as down, under its last index.
@@ -412,7 +414,7 @@ class NvmlBackend:
             driver_version=self._driver_version,
             devices=in_order(samples),
             memory_api=self.memory_api,
-            parts=self._parts(True),
+            parts=self._parts(not self._any_stuck),  # a stuck GPU's health is missing too
             xid=xid,
         )
 
@@ -499,7 +501,11 @@ class NvmlBackend:
                 self._last_watched.pop(i, None)
             for part, spent in result.seconds.items():
                 seconds[part] += spent
+            for part in result.failed:
+                self._health.fail(part)  # on this thread: the read's own failures
         if defect is not None:
+            if error is not None:  # the library went too: re-initialise as read() would, then report the defect
+                self._lost_backend(error if isinstance(error, BackendDown) else BackendDown(getattr(error, "code", None), str(error)))
             raise defect
         if error is not None:
             raise error
@@ -509,14 +515,14 @@ class NvmlBackend:
         self._any_stuck = True
         key = self._key_at.get(index) or f"#index-{index}"
         with self._ident_lock:
-            self._identities.setdefault(key, GpuIdentity(index=index))
+            identity = self._identities.setdefault(key, GpuIdentity(index=index))
         if index not in self._stuck:
             self._stuck.add(index)
             self._log.warning(
                 "GPU read in flight longer than --collect.timeout; reporting this GPU down until it returns",
                 extra=fields(collect_timeout_seconds=round(self._device_timeout, 3), gpu=index),
             )
-        return key, self._down(key, DeviceDown(None, "read in flight longer than --collect.timeout"))
+        return key, self._down(key, DeviceDown(None, "read in flight longer than --collect.timeout"), identity)
 
     def _xid_while_away(self) -> XidState | None:
         """The counts so far stay served; an xid collector that was active fails while NVML
@@ -526,8 +532,12 @@ class NvmlBackend:
         state = self._xid.state()
         return dataclasses.replace(state, healthy=False) if self._xid_ever_watched else state
 
-    def _down(self, key: str, err: DeviceDown | None) -> GpuSample:
-        identity = self._identities[key]
+    def _down(self, key: str, err: DeviceDown | None, identity: GpuIdentity | None = None) -> GpuSample:
+        """identity: where the caller holds it (a stuck GPU's placeholder, which a late
+        worker may replace in _identities meanwhile)."""
+        if identity is None:
+            with self._ident_lock:
+                identity = self._identities[key]
         self._busy.unread(key)  # not read now: not filled at the busy mean when it answers again
         if self._up.get(key, True):
             self._log.warning(
@@ -543,8 +553,12 @@ class NvmlBackend:
         """One GPU's job on its worker."""
         job = self._job
         job.watch, job.seconds = None, dict.fromkeys(_PARTS, 0.0)
-        key, sample = self._read_one(index)
-        return _DeviceRead(key, sample, job.watch, job.seconds)
+        self._health.begin_job()
+        try:
+            key, sample = self._read_one(index)
+        finally:
+            failed = self._health.end_job()
+        return _DeviceRead(key, sample, job.watch, job.seconds, failed)
 
     def _spent(self, part: str, seconds: float) -> None:
         """Time of one collector part, on this worker's job (none outside a job)."""
@@ -893,8 +907,11 @@ class NvmlBackend:
             if self._options.mig_devices:
                 out["mig_uuids"] = tuple(self._mig.uuids(migs))
             if self._options.mig:
-                self._mig_on = True
-                out["mig"], gpm_seconds = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
-                self._spent("profiling", gpm_seconds)
-        self._spent("mig", time.perf_counter() - clock - gpm_seconds)
+                try:
+                    out["mig"], gpm_seconds = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
+                finally:  # counted even when the GPU went down inside it
+                    self._spent("profiling", gpm_seconds)
+                    self._spent("mig", time.perf_counter() - clock - gpm_seconds)
+                return out
+        self._spent("mig", time.perf_counter() - clock)
         return out

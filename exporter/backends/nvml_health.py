@@ -10,6 +10,7 @@ minute (mostly a property of the board and driver; MIG changes some answers at r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable
 
@@ -41,6 +42,9 @@ class HealthReader:
         self._log = log
         self._warned: set[tuple[str, str, int | None]] = set()
         self._failed: set[str] = set()  # parts with a failed query since take_failures()
+        # a GPU worker's failures go to its own job (begin_job/end_job) and reach the read
+        # that job belongs to: a stuck job returning later must not fail a later read
+        self._job = threading.local()
         self._ecc_mode = Fallback(pynvml.nvmlDeviceGetEccMode)
         self._ecc_errors = Fallback(pynvml.nvmlDeviceGetTotalEccErrors)
         self._retired = Fallback(pynvml.nvmlDeviceGetRetiredPages)
@@ -72,7 +76,7 @@ class HealthReader:
         except DeviceDown as err:
             if err.code in LOST_CODES:
                 raise
-            self._failed.add(part)
+            self.fail(part)
             if (key, what, err.code) not in self._warned:
                 self._warned.add((key, what, err.code))
                 self._log.warning("GPU query failed; leaving its value out", extra=log_fields(device=key, query=what, error=str(err)))
@@ -84,8 +88,19 @@ class HealthReader:
         return value
 
     def fail(self, part: str) -> None:
-        """A query of `part` failed outside ask(): its collector reports the refresh unsuccessful."""
-        self._failed.add(part)
+        """A query of `part` failed (in ask() or outside it): its collector reports the refresh
+        unsuccessful. On a GPU worker it is counted against that worker's job."""
+        job_failed = getattr(self._job, "failed", None)
+        (job_failed if job_failed is not None else self._failed).add(part)
+
+    def begin_job(self) -> None:
+        """This thread's failures from now on are its job's (see end_job)."""
+        self._job.failed = set()
+
+    def end_job(self) -> frozenset[str]:
+        """The parts that failed in this thread's job; later failures are unscoped again."""
+        failed, self._job.failed = self._job.failed, None
+        return frozenset(failed)
 
     def take_failures(self) -> set[str]:
         """The parts whose queries failed since the last call (one read)."""
@@ -151,7 +166,7 @@ class HealthReader:
                         break  # past the last link
                     if err.code in LOST_CODES:
                         raise
-                    self._failed.add("nvlink")
+                    self.fail("nvlink")
                     return 0
                 count += 1
         self._links[key] = int(count)
