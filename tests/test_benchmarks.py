@@ -24,7 +24,8 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                    "seed Mai approach per call", "start to /-/ready", "RSS after start", "RSS after 1000 scrapes",
                    "CPU over 5 s idle", "wakeups", "XID watcher on", "--no-collector.xid",
                    "8 H100-class GPUs, every v2 family", "200 processes, --collector.processes",
-                   "processes collector on / off", "RSS with the kubelet socket present"):
+                   "processes collector on / off", "RSS with the kubelet socket present",
+                   "the exporter's own (less the fake NVML's)", "of which the fake libnvidia-ml.so.1"):
         assert needle in table, needle
     figures = json.loads(out.read_text())
     # the nvitop-exporter ratio is there only where nvitop-exporter is installed
@@ -38,3 +39,19 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                                         "scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm"))
     assert 10 < figures["rss_start"] < 1024  # MiB: a live Python process, not bytes or kB
     assert figures["idle_wakeups"] == int(figures["idle_wakeups"]) >= 0  # a count of context switches
+
+
+def test_cold_parts_prints_every_part():
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cold_parts.py"), "--gpus", "2", "--repeat", "2"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[0] == "2":
+            rows[cells[1]] = cells[2]
+    assert set(rows) == {"GPU refresh on the per-GPU workers", "the same GPUs one after another, this thread", "host read",
+                         "families", "direct renderer", "prometheus_client generate_latest", "samples rendered"}
+    # two fake GPUs read for real: their families render to a few dozen samples
+    assert int(rows["samples rendered"]) > 40
+    assert all(float(v) > 0 for k, v in rows.items() if k != "samples rendered")
