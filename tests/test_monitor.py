@@ -428,22 +428,27 @@ def test_a_stuck_gpu_stays_watched_for_xids_on_every_refresh(nvml, log):
         wait_until(lambda: not any(w.busy for w in backend._workers.values()), timeout=10)
 
 
+def read_with_a_defect_on_gpu_0(backend: NvmlBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read in which GPU 0's job raises a bug (not an NVML error); it must reach the caller."""
+    plain = backend._read_device
+
+    def faulty(index: int):
+        if index == 0:
+            raise RuntimeError("a defect")
+        return plain(index)
+
+    monkeypatch.setattr(backend, "_read_device", faulty)
+    with pytest.raises(RuntimeError, match="a defect"):
+        backend.read()
+
+
 def test_a_defect_in_one_gpu_read_is_raised_only_once_every_worker_answered(nvml, log, monkeypatch):
     scenario, _ = nvml
     backend = NvmlBackend(log[0], device_timeout=5.0)
     try:
         backend.read()
         scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": 400})
-        plain = backend._read_device
-
-        def faulty(index: int):
-            if index == 0:
-                raise RuntimeError("a defect")
-            return plain(index)
-
-        monkeypatch.setattr(backend, "_read_device", faulty)
-        with pytest.raises(RuntimeError, match="a defect"):
-            backend.read()
+        read_with_a_defect_on_gpu_0(backend, monkeypatch)
         assert not any(w.busy for w in backend._workers.values())  # GPU 2's slow read was waited for
     finally:
         scenario.update(**{"gpu.2.delay_ms.nvmlDeviceGetUtilizationRates": None})
@@ -458,16 +463,7 @@ def test_a_defect_and_a_lost_library_in_one_read_still_reinitialise_nvml(nvml, l
     try:
         backend.read()
         scenario.update(**{"gpu.1.rc.nvmlDeviceGetUUID": DRIVER_NOT_LOADED})
-        plain = backend._read_device
-
-        def faulty(index: int):
-            if index == 0:
-                raise RuntimeError("a defect")
-            return plain(index)
-
-        monkeypatch.setattr(backend, "_read_device", faulty)
-        with pytest.raises(RuntimeError, match="a defect"):
-            backend.read()
+        read_with_a_defect_on_gpu_0(backend, monkeypatch)
         assert trace.count("nvmlShutdown") == 1
         assert not backend._initialised
     finally:
