@@ -206,13 +206,14 @@ def fake_nvml_kb(pid: int) -> int:
     anonymous mapping right after them (its .bss, the static tables for 256 GPUs that
     every reload resets). A real driver's library has its own, different cost, so the
     exporter's figure leaves this out (and the table shows it)."""
-    total, after_fake, counting = 0, False, False
+    total, previous_fake, counting = 0, False, False
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         head = line.split(maxsplit=5)
         if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:  # a mapping's first line
             name = head[5] if len(head) > 5 else ""
-            mine = name.endswith("/libnvidia-ml.so.1") or (after_fake and not name)
-            after_fake, counting = name.endswith("/libnvidia-ml.so.1"), mine
+            fake = name.endswith("/libnvidia-ml.so.1")
+            counting = fake or (previous_fake and not name)
+            previous_fake = fake
         elif line.startswith("Rss:") and counting:
             total += int(line.split()[1])
     return total

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-
 from exporter.host import HostReader
 
 T = TypeVar("T")

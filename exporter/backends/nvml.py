@@ -297,7 +297,9 @@ class NvmlBackend:
             )
         self._backoff = min(self._backoff * 2, self._max_backoff)
 
-    def _lost_backend(self, err: BackendDown) -> None:
+    def _lost_backend(self, err: BackendDown | DeviceDown | Missing) -> None:
+        """The library stopped answering (a failing count or handle lookup means the library,
+        not a device): release this init and retry it with backoff."""
         self._log.warning(
             "NVML stopped answering; re-initialising with backoff", extra=fields(error=str(err))
         )
@@ -378,8 +380,7 @@ class NvmlBackend:
                 self._count = count
             devices, self._watched, self._part_seconds = self._read_devices(count)
         except (BackendDown, DeviceDown, Missing) as err:  # count failing means the library, not a device
-            code = getattr(err, "code", None)
-            self._lost_backend(err if isinstance(err, BackendDown) else BackendDown(code, str(err)))
+            self._lost_backend(err)
             return self._unavailable()
         by_key: dict[str, GpuSample] = {}
         for key, sample in devices:  # two indices can claim one key mid re-enumeration: the answering one wins
@@ -505,7 +506,7 @@ class NvmlBackend:
                 self._health.fail(part)  # on this thread: the read's own failures
         if defect is not None:
             if error is not None:  # the library went too: re-initialise as read() would, then report the defect
-                self._lost_backend(error if isinstance(error, BackendDown) else BackendDown(getattr(error, "code", None), str(error)))
+                self._lost_backend(error)
             raise defect
         if error is not None:
             raise error
@@ -899,19 +900,17 @@ class NvmlBackend:
         ask = self._health.ask
         out: dict[str, Any] = {}
         gpm_seconds = 0.0
-        mode = self._mig.mode(key, handle, ask)
-        if mode is not None:
-            def fail() -> None:
-                self._health.fail("mig")
-            migs = self._mig.handles(key, handle, ask, fail) if mode[0] == 1 else []
-            if self._options.mig_devices:
-                out["mig_uuids"] = tuple(self._mig.uuids(migs))
-            if self._options.mig:
-                try:
+        try:
+            mode = self._mig.mode(key, handle, ask)
+            if mode is not None:
+                def fail() -> None:
+                    self._health.fail("mig")
+                migs = self._mig.handles(key, handle, ask, fail) if mode[0] == 1 else []
+                if self._options.mig_devices:
+                    out["mig_uuids"] = tuple(self._mig.uuids(migs))
+                if self._options.mig:
                     out["mig"], gpm_seconds = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
-                finally:  # counted even when the GPU went down inside it
-                    self._spent("profiling", gpm_seconds)
-                    self._spent("mig", time.perf_counter() - clock - gpm_seconds)
-                return out
-        self._spent("mig", time.perf_counter() - clock)
+        finally:  # counted even when the GPU went down inside it
+            self._spent("profiling", gpm_seconds)
+            self._spent("mig", time.perf_counter() - clock - gpm_seconds)
         return out
