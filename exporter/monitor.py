@@ -366,8 +366,10 @@ class ResourceMonitor:
     def _refresh(self, started: float, deadline: float) -> tuple[Snapshot, bool]:
         """A new snapshot, and whether it may be cached for other callers."""
         reader = self._reader
-        target = reader.ensure(started, self._ttl) if reader is not None else 0  # GPU and host in parallel
+        # The host first (0.2-0.3 ms): a GPU read starting meanwhile would share the GIL with
+        # it, and its first calls would look blocked on the driver (nvml_workers' relay probe).
         host, host_status = self._read_host()
+        target = reader.ensure(started, self._ttl) if reader is not None else 0
         gpu: GpuReading | None = None
         gpu_status: CollectorStatus | None = None
         complete = True

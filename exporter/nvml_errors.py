@@ -9,6 +9,8 @@ for identity fields, which must never take a device down on their own.
 
 from __future__ import annotations
 
+import threading
+from time import perf_counter
 from typing import Any, Callable, TypeVar
 
 import pynvml
@@ -81,8 +83,41 @@ def describe(exc: BaseException) -> str:
         return exc.__class__.__name__
 
 
+# A call that takes longer than this waited on the driver, or ran one of the binding's
+# heavier wrappers (process lists, field values: 50-100 us of Python): the GPU workers'
+# relay probe counts such calls (backends/nvml_workers.py).
+BLOCKING_SECONDS = 40e-6
+
+
+class _Blocking(threading.local):
+    """Per thread: whom to tell that an NVML call took long (a GPU worker's relay probe);
+    a thread that never asks (the reader, the XID watcher) is told nothing and not timed."""
+
+    notify: Callable[[], None] | None = None
+
+
+_blocking = _Blocking()
+
+
+def tell_when_blocking(notify: Callable[[], None] | None) -> None:
+    """On this thread, call notify after every NVML call that took long (None: stop)."""
+    _blocking.notify = notify
+
+
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     """Run one NVML query and classify its failure; see the module docstring."""
+    notify = _blocking.notify
+    if notify is None:
+        return _classified(fn, *args, **kwargs)
+    start = perf_counter()
+    try:
+        return _classified(fn, *args, **kwargs)
+    finally:
+        if perf_counter() - start > BLOCKING_SECONDS:
+            notify()
+
+
+def _classified(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     try:
         return fn(*args, **kwargs)
     except pynvml.NVMLLibraryMismatchError as exc:  # not an NVMLError: old driver, no _v3

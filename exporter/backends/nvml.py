@@ -43,7 +43,7 @@ from .nvml_busy import BusyIntegrator
 from .nvml_gpm import GpmReader
 from .nvml_mig import MigReader
 from .nvml_health import HealthReader
-from .nvml_workers import DeviceWorker, device_limit
+from .nvml_workers import DeviceWorker, Starts, device_limit
 from .nvml_xid import XidWatcher
 
 _U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
@@ -147,6 +147,7 @@ class NvmlBackend:
         self._device_timeout = device_timeout
         self._device_limit = device_limit(device_timeout)
         self._workers: dict[int, DeviceWorker] = {}  # by index
+        self._starts = Starts()  # a relay or all at once (nvml_workers)
         self._stuck: set[int] = set()  # indices whose read is in flight past the limit
         self._any_stuck = False  # in this read
         # guards the identity maps where a worker iterates or re-keys them (never held over an NVML call)
@@ -464,12 +465,14 @@ class NvmlBackend:
         alone, watched by its last handle; the first error of any device is raised once all
         have answered (a defect before a library-level error)."""
         until = time.monotonic() + self._device_limit
-        started = []
+        jobs = []
         for i in range(count):
             worker = self._workers.get(i)
             if worker is None:
                 worker = self._workers[i] = DeviceWorker(i)
-            started.append(worker.submit(lambda i=i: self._read_device(i)))
+            jobs.append((worker, lambda i=i: self._read_device(i)))
+        relay = self._starts.relay(jobs)
+        started = relay.run(until)
         out: list[tuple[str, GpuSample]] = []
         watched: dict[str, Any] = {}
         seconds = dict.fromkeys(_PARTS, 0.0)
@@ -504,6 +507,7 @@ class NvmlBackend:
                 seconds[part] += spent
             for part in result.failed:
                 self._health.fail(part)  # on this thread: the read's own failures
+        self._starts.learn(relay)
         if defect is not None:
             if error is not None:  # the library went too: re-initialise as read() would, then report the defect
                 self._lost_backend(error)

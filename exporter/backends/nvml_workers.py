@@ -4,13 +4,30 @@ ctypes releases the GIL during each foreign call, so NVML calls of different GPU
 (a real driver may still serialise some of them internally). Each worker runs at most one
 read at a time: a GPU whose read has not returned is not asked again until it does (no
 threads pile up behind a hung call). Idle workers block on a condition: no wakeups.
+
+How a refresh starts its reads (Relay, Starts): with a driver that answers at once, runnable
+workers only hand the GIL to each other at every ctypes call (with 8 or 64 of them each
+call was a thread switch: 3-4x the CPU of reading the GPUs one after another). So a refresh
+starts its reads as a relay: each read starts the next one when it returns, and the refresh
+itself starts the next one when a read has held the relay RELAY_SECONDS (hung or long). The
+reads the refresh starts itself are probes: they time their NVML calls, and a probe with
+BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS finds a driver that blocks;
+every read left then starts at once, and so do the next PROBE_EVERY - 1 refreshes (all in
+flight together, the GPUs' waits overlap), after which a relay probes again.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from .. import nvml_errors
+
+RELAY_SECONDS = 0.001  # the longest a GPU's read holds up the next one's start
+BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy
+# wrappers and a preempted call are not yet a driver that blocks
+PROBE_EVERY = 8  # while the driver blocks, one refresh in this many starts as a relay
 
 
 class DeviceWorker:
@@ -22,18 +39,25 @@ class DeviceWorker:
         self._submitted = 0
         self._done = 0
         self._result: tuple[Any, BaseException | None] = (None, None)
+        self._relay: Relay | None = None  # told once when the running job is released
+        self._probe = False  # the running job tells the relay whether the driver blocks
+        self._blocking = 0  # NVML calls of the running job that blocked
         self._stopping = False
         self._on_exit: Callable[[], None] | None = None
         self.inflight_since: float | None = None  # monotonic start of the job not yet returned
         self._thread = threading.Thread(target=self._run, name=f"resmon-gpu-{index}", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], Any]) -> bool:
-        """Start job unless the previous one is still running (then False: not queued)."""
+    def submit(self, job: Callable[[], Any], relay: Relay | None = None, probe: bool = False) -> bool:
+        """Start job unless the previous one is still running (then False: not queued);
+        relay: told when the job returns, or (probe) once its calls blocked."""
         with self._cond:
             if self.inflight_since is not None or self._stopping:
                 return False
             self._job = job
+            self._relay = relay
+            self._probe = probe
+            self._blocking = 0
             self._submitted += 1
             self.inflight_since = time.monotonic()
             self._cond.notify_all()
@@ -67,6 +91,17 @@ class DeviceWorker:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
+    def _blocked(self) -> None:
+        """One NVML call of the running job blocked (on this worker's thread)."""
+        self._blocking += 1
+        if self._blocking == BLOCKED_CALLS:
+            self._pass_relay(blocked=True)
+
+    def _pass_relay(self, blocked: bool = False) -> None:
+        relay, self._relay = self._relay, None  # this thread alone runs the job: no lock
+        if relay is not None:
+            relay.passed(blocked)
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -76,10 +111,13 @@ class DeviceWorker:
                 job, self._job = self._job, None
             result: Any = None
             error: BaseException | None = None
+            nvml_errors.tell_when_blocking(self._blocked if self._probe else None)  # only a probe times its calls
             try:
                 result = job()
             except BaseException as exc:  # handed to the reader, which decides
                 error = exc
+            nvml_errors.tell_when_blocking(None)
+            self._pass_relay()  # before the result: the next GPU need not wait for the reader
             with self._cond:
                 self._result = (result, error)
                 self._done += 1
@@ -87,6 +125,79 @@ class DeviceWorker:
                 self._cond.notify_all()
         if self._on_exit is not None:
             self._on_exit()
+
+
+class Relay:
+    """Starts one refresh's jobs in order (see the module docstring): all at once, or as a
+    relay. A relay's probe, the read the refresh starts itself (the first, or the next one
+    after a read held the relay RELAY_SECONDS), tells whether the driver blocks: when its
+    calls did, every read left starts at once. A worker still busy from an earlier refresh
+    is passed over."""
+
+    def __init__(self, jobs: Sequence[tuple[DeviceWorker, Callable[[], Any]]], at_once: bool = False) -> None:
+        self._jobs = jobs
+        self._lock = threading.Lock()
+        self._next = 0
+        self._all_started = threading.Event()
+        self.at_once = at_once
+        self.blocked = False  # a probe's calls blocked: the rest started at once
+        self.submitted = [False] * len(jobs)
+
+    def run(self, until: float) -> list[bool]:
+        """Start every job by the monotonic time until at the latest; which were submitted."""
+        self._start(probe=True)
+        seen = self._next
+        while not self._all_started.is_set():
+            now = time.monotonic()
+            if now >= until:
+                with self._lock:
+                    self.at_once = True
+                self._start(probe=False)
+                break
+            if not self._all_started.wait(min(RELAY_SECONDS, until - now)) and self._next == seen:
+                self._start(probe=True)  # no progress for RELAY_SECONDS: the read in front is hung or long
+            seen = self._next
+        return self.submitted
+
+    def passed(self, blocked: bool) -> None:
+        """From a worker: its read returned, or (blocked) the probe's calls blocked."""
+        if blocked:
+            with self._lock:
+                self.blocked = self.at_once = True
+        self._start(probe=False)
+
+    def _start(self, probe: bool) -> None:
+        """Start the next job that can start, or every one left when at once."""
+        with self._lock:
+            while self._next < len(self._jobs):
+                i = self._next
+                self._next += 1
+                worker, job = self._jobs[i]
+                if self.at_once:
+                    self.submitted[i] = worker.submit(job)
+                elif worker.submit(job, self, probe):
+                    self.submitted[i] = True
+                    break
+            if self._next == len(self._jobs):
+                self._all_started.set()
+
+
+class Starts:
+    """Whether the next refresh starts its reads as a relay or all at once (see the module
+    docstring). Used by the refresh's one thread."""
+
+    def __init__(self) -> None:
+        self._at_once_left = 0  # refreshes still to start at once before the next relay
+
+    def relay(self, jobs: Sequence[tuple[DeviceWorker, Callable[[], Any]]]) -> Relay:
+        at_once = self._at_once_left > 0
+        self._at_once_left = max(0, self._at_once_left - 1)
+        return Relay(jobs, at_once)
+
+    def learn(self, relay: Relay) -> None:
+        """After the refresh's reads returned: a probe that blocked, a driver that does."""
+        if relay.blocked:
+            self._at_once_left = PROBE_EVERY - 1
 
 
 def device_limit(collect_timeout: float) -> float:
