@@ -2,17 +2,26 @@
 
 The PIDs come from the GPU driver's process list, so a process may exit between that list and
 this read: every file may vanish at any moment, and a read never raises.
+
+A process is known by its PID and start time (/proc/PID/stat): its owner and container are
+read from status and cgroup when it is first seen and again every KNOWN_SECONDS, and
+otherwise only stat is read (one file per process and scrape instead of three; a GPU job's
+uid and cgroup are set before it opens the GPU). A PID reused by a new process has another
+start time and is read afresh.
 """
 
 from __future__ import annotations
 
 import os
 import pwd
+import time
 from dataclasses import dataclass
 
 from .cgroups import ContainerRef, parse_cgroup
 
 _CGROUP_CACHE = 4096  # distinct cgroup texts remembered
+_KNOWN_CACHE = 8192  # processes whose owner and container are remembered
+KNOWN_SECONDS = 60.0  # how long a process's owner and container are used before a re-read
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +46,16 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _comm_and_start(stat: str) -> tuple[str, str] | None:
+    # "PID (comm) state ppid ... starttime ...": comm may hold spaces and ")", so up to the
+    # last ")"; starttime is field 22, the 20th after it
+    head, close, rest = stat.rpartition(")")
+    fields = rest.split(None, 20)
+    if not close or "(" not in head or len(fields) < 20:
+        return None
+    return head[head.index("(") + 1 :], fields[19]
+
+
 def _real_uid(status: str) -> int | None:
     # "Uid:\t<real>\t<effective>\t<saved>\t<filesystem>"
     for line in status.splitlines():
@@ -47,25 +66,47 @@ def _real_uid(status: str) -> int | None:
 
 
 class ProcReader:
-    """Reads <root>/PID/{comm,status,cgroup}. User names are cached per uid for the reader's
-    lifetime: the lookup can go through NSS (LDAP, sssd), and GPU jobs repeat their users."""
+    """Reads <root>/PID/{stat,status,cgroup} (comm where stat is unreadable). User names are
+    cached per uid for the reader's lifetime: the lookup can go through NSS (LDAP, sssd), and
+    GPU jobs repeat their users."""
 
     def __init__(self, root: str = "/proc") -> None:
         self._root = root
         self._users: dict[int, str] = {}
         # a container's processes share one cgroup text, and parsing it is most of a read
         self._cgroups: dict[str, ContainerRef] = {}
+        # pid -> (start time, monotonic time read, what was read): see the module docstring
+        self._known: dict[int, tuple[str, float, ProcessInfo]] = {}
 
     def read(self, pid: int) -> ProcessInfo | None:
-        """None when the process is gone (its comm cannot be read); never raises."""
+        """None when the process is gone (its stat or comm cannot be read); never raises."""
         base = os.path.join(self._root, str(pid))
-        comm = _read(os.path.join(base, "comm"))
+        stat = _read(os.path.join(base, "stat"))
+        parsed = _comm_and_start(stat) if stat is not None else None
+        if parsed is None:  # a procfs without stat (or a garbled one): comm, status and cgroup
+            return self._read_files(pid, base, _read(os.path.join(base, "comm")), "comm")
+        comm, start = parsed
+        now = time.monotonic()
+        known = self._known.get(pid)
+        if known is not None and known[0] == start and now - known[1] < KNOWN_SECONDS:
+            info = known[2]
+            return info if info.comm == comm else ProcessInfo(pid, comm, info.uid, info.user, info.container)
+        info = self._read_files(pid, base, comm + "\n", "stat")
+        if info is not None:
+            if len(self._known) >= _KNOWN_CACHE:
+                self._known.clear()  # bounded: processes come and go
+            self._known[pid] = (start, now, info)
+        return info
+
+    def _read_files(self, pid: int, base: str, comm: str | None, alive: str) -> ProcessInfo | None:
+        """status and cgroup besides the comm read; alive: the file that is unreadable once
+        the process has exited."""
         if comm is None:
             return None
         status = _read(os.path.join(base, "status"))
         cgroup = _read(os.path.join(base, "cgroup"))
         # a later file that failed may mean the process exited after its comm was read
-        if (status is None or cgroup is None) and _read(os.path.join(base, "comm")) is None:
+        if (status is None or cgroup is None) and _read(os.path.join(base, alive)) is None:
             return None
         uid = _real_uid(status) if status is not None else None
         return ProcessInfo(

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cgroups import ContainerRef, parse_cgroup
+from exporter import procfs
 from exporter.procfs import ProcReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,6 +245,62 @@ def test_comm_keeps_its_spaces(tmp_path: Path) -> None:
     info = ProcReader(str(tmp_path)).read(7)
     assert info is not None
     assert info.comm == " pt main thread "
+
+
+def stat_line(pid: int, comm: str, start: int) -> str:
+    """/proc/PID/stat as the kernel writes it: starttime is field 22."""
+    after = ["S", "1", *["0"] * 17, str(start), *["0"] * 30]
+    return f"{pid} ({comm}) " + " ".join(after) + "\n"
+
+
+def test_a_known_process_is_read_from_its_stat_alone(tmp_path: Path) -> None:
+    # owner and container once per process (PID and start time); its comm on every read
+    other = "0123456789abcdef" * 4
+    base = write_proc(tmp_path, 7, b"ignored\n", status_text(0, 0), f"0::/{KUBEPODS}\n")
+    (base / "stat").write_text(stat_line(7, "pt main) x", 1000))
+    reader = ProcReader(str(tmp_path))
+    first = reader.read(7)
+    assert first is not None
+    assert (first.comm, first.uid, first.container.container_id) == ("pt main) x", 0, CID)
+    (base / "status").write_text(status_text(NOBODY, NOBODY))
+    (base / "cgroup").write_text(f"0::/{KUBEPODS.replace(CID, other)}\n")
+    (base / "stat").write_text(stat_line(7, "renamed", 1000))
+    again = reader.read(7)
+    assert again is not None
+    assert (again.comm, again.uid, again.container.container_id) == ("renamed", 0, CID)
+    # the PID reused by another process (another start time): read afresh
+    (base / "stat").write_text(stat_line(7, "newjob", 2000))
+    reused = reader.read(7)
+    assert reused is not None
+    assert (reused.comm, reused.uid, reused.container.container_id) == ("newjob", NOBODY, other)
+
+
+def test_a_known_process_is_read_afresh_after_known_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = write_proc(tmp_path, 7, b"ignored\n", status_text(0, 0), "0::/\n")
+    (base / "stat").write_text(stat_line(7, "job", 1000))
+    reader = ProcReader(str(tmp_path))
+    assert reader.read(7) is not None
+    (base / "status").write_text(status_text(NOBODY, NOBODY))
+    monkeypatch.setattr(procfs, "KNOWN_SECONDS", 0.0)
+    info = reader.read(7)
+    assert info is not None and info.uid == NOBODY
+
+
+@pytest.mark.parametrize("stat", ["", "7 job S 1\n", "7 (job) S 1 0\n"])
+def test_a_garbled_stat_falls_back_to_comm(tmp_path: Path, stat: str) -> None:
+    base = write_proc(tmp_path, 7, b"gputrainer\n", status_text(0, 0), "0::/\n")
+    (base / "stat").write_text(stat)
+    info = ProcReader(str(tmp_path)).read(7)
+    assert info is not None and (info.comm, info.uid) == ("gputrainer", 0)
+
+
+def test_a_process_whose_stat_is_gone_is_gone(tmp_path: Path) -> None:
+    base = write_proc(tmp_path, 7, b"gputrainer\n", status_text(0, 0), "0::/\n")
+    (base / "stat").write_text(stat_line(7, "job", 1000))
+    reader = ProcReader(str(tmp_path))
+    assert reader.read(7) is not None
+    shutil.rmtree(base)
+    assert reader.read(7) is None  # not served from what was known
 
 
 def test_user_names_are_cached_per_uid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ from .. import nvml_errors
 RELAY_SECONDS = 0.001  # the longest a GPU's read holds up the next one's start
 BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy
 # wrappers and a preempted call are not yet a driver that blocks
-PROBE_EVERY = 8  # while the driver blocks, one refresh in this many starts as a relay
+PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a relay
 
 
 class DeviceWorker:
