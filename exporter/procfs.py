@@ -84,38 +84,38 @@ class ProcReader:
         stat = _read(os.path.join(base, "stat"))
         parsed = _comm_and_start(stat) if stat is not None else None
         if parsed is None:  # a procfs without stat (or a garbled one): comm, status and cgroup
-            return self._read_files(pid, base, _read(os.path.join(base, "comm")), "comm")
-        comm, start = parsed
+            comm = _read(os.path.join(base, "comm"))
+            return self._read_files(pid, base, comm.rstrip("\n"), "comm")[0] if comm is not None else None
+        comm, start = parsed[0].rstrip("\n"), parsed[1]  # as the comm file has it, less its newline
         now = time.monotonic()
         known = self._known.get(pid)
         if known is not None and known[0] == start and now - known[1] < KNOWN_SECONDS:
             info = known[2]
             return info if info.comm == comm else ProcessInfo(pid, comm, info.uid, info.user, info.container)
-        info = self._read_files(pid, base, comm + "\n", "stat")
-        if info is not None:
+        info, complete = self._read_files(pid, base, comm, "stat")
+        if complete:  # a file that failed this once is read again on the next scrape
             if len(self._known) >= _KNOWN_CACHE:
                 self._known.clear()  # bounded: processes come and go
             self._known[pid] = (start, now, info)
         return info
 
-    def _read_files(self, pid: int, base: str, comm: str | None, alive: str) -> ProcessInfo | None:
-        """status and cgroup besides the comm read; alive: the file that is unreadable once
-        the process has exited."""
-        if comm is None:
-            return None
+    def _read_files(self, pid: int, base: str, comm: str, alive: str) -> tuple[ProcessInfo | None, bool]:
+        """The process with its status and cgroup read, and whether both were; alive: the
+        file that is unreadable once the process has exited."""
         status = _read(os.path.join(base, "status"))
         cgroup = _read(os.path.join(base, "cgroup"))
-        # a later file that failed may mean the process exited after its comm was read
+        # a later file that failed may mean the process exited after its stat or comm was read
         if (status is None or cgroup is None) and _read(os.path.join(base, alive)) is None:
-            return None
+            return None, False
         uid = _real_uid(status) if status is not None else None
-        return ProcessInfo(
+        info = ProcessInfo(
             pid=pid,
-            comm=comm.rstrip("\n"),
+            comm=comm,
             uid=uid,
             user=self._user(uid),
             container=self._container(cgroup) if cgroup is not None else ContainerRef(),
         )
+        return info, status is not None and cgroup is not None
 
     def _container(self, cgroup: str) -> ContainerRef:
         ref = self._cgroups.get(cgroup)

@@ -294,6 +294,27 @@ def test_a_garbled_stat_falls_back_to_comm(tmp_path: Path, stat: str) -> None:
     assert info is not None and (info.comm, info.uid) == ("gputrainer", 0)
 
 
+def test_a_comm_ending_in_a_newline_reads_the_same_every_time(tmp_path: Path) -> None:
+    # prctl(PR_SET_NAME) may set one; the comm file's own newline is stripped all the same
+    base = write_proc(tmp_path, 7, b"ignored\n", status_text(0, 0), "0::/\n")
+    (base / "stat").write_text(stat_line(7, "job\n", 1000))
+    reader = ProcReader(str(tmp_path))
+    names = [info.comm for info in (reader.read(7), reader.read(7)) if info is not None]
+    assert names == ["job", "job"]
+
+
+def test_a_process_read_in_part_is_read_again_next_time(tmp_path: Path) -> None:
+    base = write_proc(tmp_path, 7, b"ignored\n", "", "0::/\n")
+    (base / "status").unlink()  # unreadable this once (the process is alive: stat reads)
+    (base / "stat").write_text(stat_line(7, "job", 1000))
+    reader = ProcReader(str(tmp_path))
+    first = reader.read(7)
+    assert first is not None and first.uid is None
+    (base / "status").write_text(status_text(NOBODY, NOBODY))
+    again = reader.read(7)
+    assert again is not None and again.uid == NOBODY
+
+
 def test_a_process_whose_stat_is_gone_is_gone(tmp_path: Path) -> None:
     base = write_proc(tmp_path, 7, b"gputrainer\n", status_text(0, 0), "0::/\n")
     (base / "stat").write_text(stat_line(7, "job", 1000))

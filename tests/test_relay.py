@@ -5,6 +5,11 @@ real exporter; the order of calls, not their timing, is asserted."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+from exporter.backends import nvml_workers
+from exporter.backends.nvml_workers import DeviceWorker, Relay, Starts
 from fakenvml import gpu_keys
 from scenarios import three_gpus
 
@@ -48,13 +53,15 @@ def test_a_driver_that_answers_at_once_is_read_one_gpu_after_another(run_exporte
 
 
 def test_a_driver_that_blocks_has_every_gpu_in_flight_together(run_exporter, scenario, trace):
-    # 300 us per call: GPU 0's read lasts at least 5 ms. A relay that waited for each read to
-    # return, or for its RELAY_SECONDS (1 ms) each, would start GPU 7 after GPU 0 finished.
+    # 300 us per call: a probe finds the driver blocking after 4 calls and starts the rest at
+    # once, so GPU 7 starts while GPU 0 is early in its read. Passed on only by the refresh's
+    # 1 ms timer (no probe), GPU 7 would start after about 7 ms: GPU 0's 20th call or later.
     scenario.write(eight_gpus(**{"delay_us.all": 300}))
     exporter = run_exporter("--collect.cache-ttl=0", "--no-collector.xid")
     exporter.wait_ready()
     for calls in refresh_traces(exporter, trace, 10):
-        assert calls.index(GPUS - 1) < len(calls) - 1 - calls[::-1].index(0), calls
+        gpu0 = [k for k, index in enumerate(calls) if index == 0]
+        assert len(gpu0) > 12 and calls.index(GPUS - 1) < gpu0[12], calls
 
 
 def test_a_gpu_hung_in_its_first_call_holds_up_no_other(run_exporter, scenario):
@@ -68,3 +75,88 @@ def test_a_gpu_hung_in_its_first_call_holds_up_no_other(run_exporter, scenario):
         ups = {labels["gpu"]: v for labels, v in s.series("resmon_gpu_up")}
         assert ups == {"0": 0.0, "1": 1.0, "2": 1.0}, ups
         assert s.has("resmon_gpu_memory_used_bytes", gpu="2")
+
+
+# -- the relay itself, with real worker threads and jobs that record their order --------------
+
+
+def jobs_in_order(n: int, log: list[int], work=lambda i: None):
+    workers = [DeviceWorker(i) for i in range(n)]
+
+    def job(i: int):
+        def run() -> int:
+            log.append(i)
+            work(i)
+            return i
+
+        return run
+
+    return workers, [(w, job(i)) for i, w in enumerate(workers)]
+
+
+def stop_all(workers) -> None:
+    for w in workers:
+        w.stop()
+    for w in workers:
+        w.join(5)
+
+
+def test_each_read_starts_the_next_when_it_returns(monkeypatch):
+    # with the refresh's own timer out of the way (10 s), only the reads can pass the relay
+    monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 10.0)
+    log: list[int] = []
+    workers, jobs = jobs_in_order(8, log)
+    try:
+        started = time.monotonic()
+        submitted = Relay(jobs).run(time.monotonic() + 30)
+        assert time.monotonic() - started < 5  # not 8 x 10 s: each read passed the relay on
+        assert submitted == [True] * 8
+        assert [w.wait(time.monotonic() + 5)[:2] for w in workers] == [(True, i) for i in range(8)]
+        assert log == list(range(8))
+    finally:
+        stop_all(workers)
+
+
+def test_a_read_that_holds_the_relay_is_passed_and_a_busy_worker_skipped():
+    gate = threading.Event()
+    log: list[int] = []
+    workers, jobs = jobs_in_order(4, log, work=lambda i: gate.wait(10) if i == 0 else None)
+    try:
+        assert workers[2].submit(lambda: gate.wait(10))  # still busy from an earlier refresh
+        submitted = Relay(jobs).run(time.monotonic() + 30)
+        assert submitted == [True, True, False, True]
+        assert workers[3].wait(time.monotonic() + 5)[:2] == (True, 3)  # GPU 0 still hung
+        assert not workers[0].wait(time.monotonic())[0]
+    finally:
+        gate.set()
+        stop_all(workers)
+
+
+def test_no_read_starts_after_the_deadline():
+    gate = threading.Event()
+    log: list[int] = []
+    workers, jobs = jobs_in_order(3, log, work=lambda i: gate.wait(10) if i == 0 else None)
+    try:
+        submitted = Relay(jobs).run(time.monotonic())  # the refresh has no time left
+        assert submitted == [True, False, False]
+        gate.set()
+        workers[0].wait(time.monotonic() + 5)
+        time.sleep(0.05)
+        assert log == [0]  # GPU 0's late return started nothing
+    finally:
+        gate.set()
+        stop_all(workers)
+
+
+def test_a_driver_found_blocking_is_read_all_at_once_for_the_next_refreshes():
+    starts = Starts()
+    modes = []
+    for k in range(10):
+        relay = starts.relay([])
+        modes.append("at once" if relay.at_once else "relay")
+        relay.blocked = k == 1  # the probe of the second refresh found the driver blocking
+        starts.learn(relay)
+    expected_at_once = nvml_workers.PROBE_EVERY - 1
+    assert modes[:2] == ["relay", "relay"]
+    assert modes[2 : 2 + expected_at_once] == ["at once"] * expected_at_once
+    assert modes[2 + expected_at_once :] == ["relay"] * (8 - expected_at_once)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 from .. import nvml_errors
 
-RELAY_SECONDS = 0.001  # the longest a GPU's read holds up the next one's start
+RELAY_SECONDS = 0.001  # a read without progress for this long (1-2 ms in all) is passed
 BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy
 # wrappers and a preempted call are not yet a driver that blocks
 PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a relay
@@ -117,12 +117,14 @@ class DeviceWorker:
             except BaseException as exc:  # handed to the reader, which decides
                 error = exc
             nvml_errors.tell_when_blocking(None)
-            self._pass_relay()  # before the result: the next GPU need not wait for the reader
-            with self._cond:
-                self._result = (result, error)
-                self._done += 1
-                self.inflight_since = None
-                self._cond.notify_all()
+            try:
+                self._pass_relay()  # before the result: the next GPU need not wait for the reader
+            finally:
+                with self._cond:
+                    self._result = (result, error)
+                    self._done += 1
+                    self.inflight_since = None
+                    self._cond.notify_all()
         if self._on_exit is not None:
             self._on_exit()
 
@@ -144,15 +146,16 @@ class Relay:
         self.submitted = [False] * len(jobs)
 
     def run(self, until: float) -> list[bool]:
-        """Start every job by the monotonic time until at the latest; which were submitted."""
+        """Start the jobs, none after the monotonic time until (the refresh has given up on
+        those by then: they are reported as not read); which were submitted."""
         self._start(probe=True)
         seen = self._next
         while not self._all_started.is_set():
             now = time.monotonic()
             if now >= until:
                 with self._lock:
-                    self.at_once = True
-                self._start(probe=False)
+                    self._next = len(self._jobs)  # a late pass starts nothing either
+                    self._all_started.set()
                 break
             if not self._all_started.wait(min(RELAY_SECONDS, until - now)) and self._next == seen:
                 self._start(probe=True)  # no progress for RELAY_SECONDS: the read in front is hung or long
