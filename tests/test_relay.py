@@ -5,8 +5,10 @@ real exporter; the order of calls, not their timing, is asserted."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from exporter.backends import nvml_workers
 from exporter.backends.nvml_workers import DeviceWorker, Relay, Starts
@@ -80,72 +82,66 @@ def test_a_gpu_hung_in_its_first_call_holds_up_no_other(run_exporter, scenario):
 # -- the relay itself, with real worker threads and jobs that record their order --------------
 
 
-def jobs_in_order(n: int, log: list[int], work=lambda i: None):
+@contextlib.contextmanager
+def relay_jobs(n: int, hang_first: bool = False) -> Iterator[tuple[list[DeviceWorker], list, list[int], threading.Event]]:
+    """n real workers, a job each that logs its index, and the gate: with hang_first, GPU 0's
+    job waits for it (set at the end at the latest) like a GPU hung in a call."""
+    gate = threading.Event()
+    log: list[int] = []
     workers = [DeviceWorker(i) for i in range(n)]
 
     def job(i: int):
         def run() -> int:
             log.append(i)
-            work(i)
+            if hang_first and i == 0:
+                gate.wait(10)
             return i
 
         return run
 
-    return workers, [(w, job(i)) for i, w in enumerate(workers)]
-
-
-def stop_all(workers) -> None:
-    for w in workers:
-        w.stop()
-    for w in workers:
-        w.join(5)
+    try:
+        yield workers, [(w, job(i)) for i, w in enumerate(workers)], log, gate
+    finally:
+        gate.set()
+        for w in workers:
+            w.stop()
+        for w in workers:
+            w.join(5)
 
 
 def test_each_read_starts_the_next_when_it_returns(monkeypatch):
     # with the refresh's own timer out of the way (10 s), only the reads can pass the relay
     monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 10.0)
-    log: list[int] = []
-    workers, jobs = jobs_in_order(8, log)
-    try:
+    with relay_jobs(8) as (workers, jobs, log, _):
         started = time.monotonic()
         submitted = Relay(jobs).run(time.monotonic() + 30)
         assert time.monotonic() - started < 5  # not 8 x 10 s: each read passed the relay on
         assert submitted == [True] * 8
         assert [w.wait(time.monotonic() + 5)[:2] for w in workers] == [(True, i) for i in range(8)]
         assert log == list(range(8))
-    finally:
-        stop_all(workers)
 
 
 def test_a_read_that_holds_the_relay_is_passed_and_a_busy_worker_skipped():
-    gate = threading.Event()
-    log: list[int] = []
-    workers, jobs = jobs_in_order(4, log, work=lambda i: gate.wait(10) if i == 0 else None)
-    try:
-        assert workers[2].submit(lambda: gate.wait(10))  # still busy from an earlier refresh
-        submitted = Relay(jobs).run(time.monotonic() + 30)
-        assert submitted == [True, True, False, True]
-        assert workers[3].wait(time.monotonic() + 5)[:2] == (True, 3)  # GPU 0 still hung
-        assert not workers[0].wait(time.monotonic())[0]
-    finally:
-        gate.set()
-        stop_all(workers)
+    with relay_jobs(4, hang_first=True) as (workers, jobs, _, _):
+        busy = threading.Event()
+        assert workers[2].submit(lambda: busy.wait(10))  # still busy from an earlier refresh
+        try:
+            submitted = Relay(jobs).run(time.monotonic() + 30)
+            assert submitted == [True, True, False, True]
+            assert workers[3].wait(time.monotonic() + 5)[:2] == (True, 3)  # GPU 0 still hung
+            assert not workers[0].wait(time.monotonic())[0]
+        finally:
+            busy.set()
 
 
 def test_no_read_starts_after_the_deadline():
-    gate = threading.Event()
-    log: list[int] = []
-    workers, jobs = jobs_in_order(3, log, work=lambda i: gate.wait(10) if i == 0 else None)
-    try:
+    with relay_jobs(3, hang_first=True) as (workers, jobs, log, gate):
         submitted = Relay(jobs).run(time.monotonic())  # the refresh has no time left
         assert submitted == [True, False, False]
         gate.set()
-        workers[0].wait(time.monotonic() + 5)
+        assert workers[0].wait(time.monotonic() + 5)[0]
         time.sleep(0.05)
         assert log == [0]  # GPU 0's late return started nothing
-    finally:
-        gate.set()
-        stop_all(workers)
 
 
 def test_a_driver_found_blocking_is_read_all_at_once_for_the_next_refreshes():
