@@ -93,7 +93,7 @@ class ProcReader:
             info = known[2]
             return info if info.comm == comm else ProcessInfo(pid, comm, info.uid, info.user, info.container)
         info, complete = self._read_files(pid, base, comm, "stat")
-        if complete:  # a file that failed this once is read again on the next scrape
+        if complete and info is not None:  # a file that failed this once is read again next scrape
             if len(self._known) >= _KNOWN_CACHE:
                 self._known.clear()  # bounded: processes come and go
             self._known[pid] = (start, now, info)
