@@ -108,7 +108,19 @@ FAMILIES: dict[str, str] = {
     "resmon_collector_success": "gauge",
     "resmon_collector_duration_seconds": "gauge",
     "resmon_last_refresh_timestamp_seconds": "gauge",
+    "resmon_collector_error_info": "gauge",
 }
+
+# Families served even without a sample while their collector is active: identity and the
+# collector status (the contract never removes them), and those whose empty state is itself an
+# answer (no XID event yet, no process on a GPU, no pod holding one). Every other family is
+# left out of a scrape where it has no sample: no device here has that value (issue 22 item 9).
+DECLARED_WHEN_EMPTY = frozenset({
+    "resmon_gpu_info", "resmon_gpu_up",
+    "resmon_collector_success", "resmon_collector_duration_seconds", "resmon_last_refresh_timestamp_seconds",
+    "resmon_gpu_xid_errors", "resmon_gpu_xid_last_timestamp_seconds",  # counters: named without _total
+    *process_collector.FAMILIES,
+})
 
 
 def gpu_families(snap: Snapshot) -> Iterator[Metric]:
@@ -252,6 +264,15 @@ def exporter_families(snap: Snapshot) -> Iterator[Metric]:
     yield success
     yield duration
     yield stamp
+    errors = GaugeMetricFamily(
+        "resmon_collector_error_info",
+        "Why the collector's latest refresh failed, where the cause is known (reason no_permission: "
+        "NVML refuses to open the GPU), value 1.",
+        labels=["collector", "reason"],
+    )
+    if snap.gpu_status is not None and snap.gpu is not None and snap.gpu.error:
+        errors.add_metric(["gpu", snap.gpu.error], 1)
+    yield errors
 
 
 def _gpu_part_statuses(reading: GpuReading | None, gpu: CollectorStatus) -> list[tuple[str, CollectorStatus]]:
@@ -267,6 +288,12 @@ def _gpu_part_statuses(reading: GpuReading | None, gpu: CollectorStatus) -> list
 
 
 def snapshot_families(snap: Snapshot, group_by: str = "process", max_per_gpu: int = 64) -> Iterator[Metric]:
+    for family in _all_families(snap, group_by, max_per_gpu):
+        if family.samples or family.name in DECLARED_WHEN_EMPTY:
+            yield family
+
+
+def _all_families(snap: Snapshot, group_by: str, max_per_gpu: int) -> Iterator[Metric]:
     yield from gpu_families(snap)
     yield from process_collector.process_families(snap.processes, group_by, max_per_gpu)
     yield from process_collector.allocation_families(snap.allocations)

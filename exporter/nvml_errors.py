@@ -42,6 +42,14 @@ class BackendDown(Exception):
         self.code = code
 
 
+class Denied(DeviceDown):
+    """NO_PERMISSION from a call the exporter cannot do without (required()): this process may
+    not open the GPU (device nodes, group, container runtime), a failure, not an absent value."""
+
+
+NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
+
+
 # Value not available on this device: leave the series out, the device stays up.
 ABSENT_CODES = frozenset(
     {
@@ -106,26 +114,41 @@ def tell_when_blocking(notify: Callable[[], None] | None) -> None:
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     """Run one NVML query and classify its failure; see the module docstring."""
+    return _timed(ABSENT_CODES, fn, args, kwargs)
+
+
+def required(fn: Callable[..., T], *args: Any) -> T | None:
+    """As call(), for what the exporter cannot do without (the device count, a handle): there
+    NO_PERMISSION raises Denied instead of meaning "absent" (issue 22 item 12)."""
+    return _timed(_REQUIRED_ABSENT, fn, args, {})
+
+
+_REQUIRED_ABSENT = ABSENT_CODES - {NO_PERMISSION}
+
+
+def _timed(absent: frozenset[int], fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T | None:
     notify = _blocking.notify
     if notify is None:
-        return _classified(fn, *args, **kwargs)
+        return _classified(absent, fn, *args, **kwargs)
     start = perf_counter()
     try:
-        return _classified(fn, *args, **kwargs)
+        return _classified(absent, fn, *args, **kwargs)
     finally:
         if perf_counter() - start > BLOCKING_SECONDS:
             notify()
 
 
-def _classified(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+def _classified(absent: frozenset[int], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
     try:
         return fn(*args, **kwargs)
     except pynvml.NVMLLibraryMismatchError as exc:  # not an NVMLError: old driver, no _v3
         raise Missing(describe(exc)) from None
     except pynvml.NVMLError as exc:
         code = exc.value
-        if code in ABSENT_CODES:
+        if code in absent:
             return None
+        if code == NO_PERMISSION:
+            raise Denied(code, describe(exc)) from None
         if code in MISSING_CODES:
             raise Missing(describe(exc)) from None
         if code in BACKEND_CODES:
@@ -163,10 +186,17 @@ def entry_ok(code: int) -> bool:
 
 class Fallback:
     """A query with older alternatives: the first call the driver has is kept for good,
-    and a query the driver lacks altogether is no longer made (its value stays absent)."""
+    and a query the driver lacks altogether is no longer made (its value stays absent).
+
+    Shared by every GPU's worker: several may find the same call missing at the same moment
+    (a binding newer than the driver answers ARGUMENT_VERSION_MISMATCH on every GPU at once).
+    Each drops only the candidate it called, if it is still the first (compared under the
+    lock, never held over the NVML call); the candidates are an immutable tuple swapped
+    whole, so a worker reading them never sees half a change."""
 
     def __init__(self, *candidates: Callable[..., Any] | None) -> None:
-        self._candidates = [c for c in candidates if c is not None]
+        self._candidates: tuple[Callable[..., Any], ...] = tuple(c for c in candidates if c is not None)
+        self._lock = threading.Lock()
 
     @property
     def available(self) -> bool:
@@ -174,12 +204,17 @@ class Fallback:
         return bool(self._candidates)
 
     def __call__(self, *args: Any) -> Any:
-        while self._candidates:
+        while True:
+            candidates = self._candidates  # one snapshot: another worker may drop its head meanwhile
+            if not candidates:
+                return None
+            first = candidates[0]
             try:
-                return call(self._candidates[0], *args)
+                return call(first, *args)
             except Missing:
-                self._candidates.pop(0)
-        return None
+                with self._lock:
+                    if self._candidates and self._candidates[0] is first:  # not yet dropped by another worker
+                        self._candidates = self._candidates[1:]
 
 
 def field(fn: Callable[..., T], *args: Any) -> T | None:

@@ -23,6 +23,9 @@ THROTTLE_REASONS: tuple[tuple[str, int], ...] = (
     ("hw_thermal_slowdown", 0x040),
     ("hw_power_brake_slowdown", 0x080),
     ("display_clock_setting", 0x100),
+    # both in nvmlClocksEventReasonAll; named as clock_event_seconds_total's reasons
+    ("board_limit", 0x200),
+    ("reliability", 0x400),
 )
 
 # Engines of resmon_gpu_busy_seconds_total, in nvmlDeviceGetSamples order.
@@ -244,6 +247,9 @@ class GpuReading:
     # with how their part of the read went; absent ones serve no status series.
     parts: tuple["PartStatus", ...] = ()
     xid: XidState | None = None  # None: the xid collector is off or this backend has no events
+    # why the read failed, where the backend knows a cause the operator can fix:
+    # "no_permission" (NVML NO_PERMISSION: the process may not open the GPU); "" otherwise
+    error: str = ""
 
     def down(self) -> "GpuReading":
         """This reading failed: the same devices, every one down (not vanished)."""

@@ -57,6 +57,8 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
     samples.period_ms=<ms>         nvmlDeviceGetSamples for types 1 GPU, 2 MEMORY, 3 ENC, 4 DEC
                                    (unset: NOT_SUPPORTED for every type; other types always)
     samples.capacity=N             (default 100) the ring keeps the latest N samples
+    samples.rc.<gpu|memory|encoder|decoder>=<rc>   that sampling type alone answers rc (e.g.
+                                   3: an encoder without samples beside a sampled decoder)
     samples.<gpu|memory|encoder|decoder>=v0,v1,...   percent, cycled by sample number k
                                    (default: util_gpu / util_memory / encoder_util / decoder_util)
                                    Sample k: timeStamp k * period_ms * 1000 (µs, CLOCK_MONOTONIC),

@@ -568,3 +568,21 @@ def test_a_blocked_read_is_bounded_by_the_collect_timeout_without_pile_up(fuse_t
         assert snap.gpu_status.success and [d.up for d in snap.gpu.devices] == [True, True]
     finally:
         monitor.close(drain=5.0)
+
+
+def test_devices_counts_enumerated_cards_a_card_answering_enodev_included(fuse_tree, log):
+    # NVML's count is nvmlDeviceGetCount (enumerated, answering or not): ResmonGpuMissing
+    # compares resmon_gpu_devices with its past maximum, so a card that is there but answers
+    # ENODEV must count, or the alert for a missing card fires for a card that is down
+    ft = fuse_tree
+    logger, _ = log
+    b = AmdgpuBackend(logger, str(ft.mount), GpuOptions(), ids_file="/nonexistent/amdgpu.ids")
+    assert bounded(b.read).device_count == 2
+    ft.rules({(MI, "gpu_busy_percent"): {"errno": "ENODEV"}})
+    reading = bounded(b.read)
+    assert not by_pci(reading)[MI].up and by_pci(reading)[RX].up
+    assert reading.device_count == 2, reading.device_count
+    ft.rules({})
+    ft.tree.remove(MI)  # gone from /sys/class/drm: no longer enumerated
+    reading = bounded(b.read)
+    assert reading.device_count == 1 and not by_pci(reading)[MI].up

@@ -526,6 +526,13 @@ def test_samples_newer_than_last_seen_and_not_found(nvml):
         pytest.fail("never NOT_FOUND with lastSeen = the newest sample")
 
 
+def test_samples_of_one_type_can_answer_their_own_code(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.samples.rc.encoder": NOT_SUPPORTED})
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetSamples, h, 3, 0)
+    _, dec = pynvml.nvmlDeviceGetSamples(h, 4, 0)  # the other types answer as before
+    assert {s.sampleValue.uiVal for s in dec} == {sc.HOPPER_DECODER_UTIL}
+
+
 def test_samples_two_call_protocol(nvml):
     (h,) = nvml({**sc.hopper_board(0), "gpu.0.samples.period_ms": 1000, "gpu.0.samples.capacity": 10})
     fn = lib().nvmlDeviceGetSamples

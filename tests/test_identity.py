@@ -4,6 +4,7 @@ take series away, and a lost driver is shut down before it is initialised again.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from scenarios import GPU_IS_LOST, three_gpus
@@ -152,3 +153,102 @@ def test_without_uuids_a_renumbered_gpu_does_not_duplicate_a_series(run_exporter
     labels = [tuple(sorted(l.items())) for l, _ in s.series("resmon_gpu_up")]
     assert len(labels) == len(set(labels)) == 2
     assert s.value("resmon_gpu_info", gpu="1", uuid="", pci_bus_id="00000000:0B:00.0") == 1
+
+
+RESET_REQUIRED = 16
+
+
+def test_max_clocks_that_failed_at_start_are_read_once_the_gpu_answers(run_exporter, scenario):
+    # issue 22 item 4: RESET_REQUIRED on the first identity read (not NOT_SUPPORTED) leaves
+    # the identity incomplete; the max clocks are asked again until they answer
+    scenario.write({**BASE, "gpu.0.rc.nvmlDeviceGetMaxClockInfo": RESET_REQUIRED})
+    exporter = run_exporter("--collect.cache-ttl=0")
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 1
+    assert not s.has("resmon_gpu_clock_max_hertz", gpu="0")
+    assert s.value("resmon_gpu_clock_max_hertz", gpu="1", uuid=UUID[1], clock="sm") == 1410e6
+    scenario.update(**{"gpu.0.rc.nvmlDeviceGetMaxClockInfo": None})
+    s = exporter.wait_for(lambda s: s.has("resmon_gpu_clock_max_hertz", gpu="0"), timeout=10)
+    for clock in ("graphics", "sm", "memory", "video"):
+        assert s.value("resmon_gpu_clock_max_hertz", gpu="0", uuid=UUID[0], clock=clock) == BASE[f"gpu.0.max_clock.{clock}"] * 1e6
+
+
+def test_max_clocks_not_supported_complete_the_identity(run_exporter, scenario, trace):
+    # positively NOT_SUPPORTED: complete, not asked on every refresh
+    scenario.write({**BASE, "gpu.2.rc.nvmlDeviceGetMaxClockInfo": 3})
+    exporter = run_exporter("--collect.cache-ttl=0")
+    for _ in range(3):
+        s = exporter.scrape()
+    assert not s.has("resmon_gpu_clock_max_hertz", gpu="2")
+    assert trace.count("nvmlDeviceGetMaxClockInfo", device=2) == 4  # the first read's four clocks only
+
+
+def _one_series_per_gpu(s: Any) -> list[tuple[str, str]]:
+    ups = sorted((labels["gpu"], labels["uuid"]) for labels, _ in s.series("resmon_gpu_up"))
+    infos = sorted((labels["gpu"], labels["uuid"]) for labels, _ in s.series("resmon_gpu_info"))
+    assert ups == infos, (ups, infos)
+    return ups
+
+
+def test_a_gpu_whose_first_read_hangs_is_exported_once(run_exporter, scenario):
+    # issue 22 item 6: the UUID answers, then the power call hangs past --collect.timeout
+    scenario.write({**BASE, "gpu.0.delay_ms.nvmlDeviceGetPowerUsage": 2500})
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
+    expected = [("0", UUID[0]), ("1", UUID[1]), ("2", UUID[2])]
+    for _ in range(3):
+        s = exporter.scrape()
+        assert _one_series_per_gpu(s) == expected
+        assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 0
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetPowerUsage": None})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert _one_series_per_gpu(s) == expected
+    assert s.value("resmon_gpu_info", gpu="0", uuid=UUID[0], name="NVIDIA H100 80GB HBM3") == 1
+
+
+def test_a_gpu_whose_uuid_call_hangs_replaces_its_placeholder(run_exporter, scenario):
+    # the identity itself hangs: one placeholder series (uuid="") until it is known, then
+    # the UUID's, never both
+    scenario.write({**BASE, "gpu.0.delay_ms.nvmlDeviceGetUUID": 2000})
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
+    s = exporter.scrape()
+    assert _one_series_per_gpu(s) in ([("0", ""), ("1", UUID[1]), ("2", UUID[2])], [("0", UUID[0]), ("1", UUID[1]), ("2", UUID[2])])
+    seen_uuid = False
+    until = time.monotonic() + 12
+    while time.monotonic() < until and not seen_uuid:
+        s = exporter.scrape()
+        ups = _one_series_per_gpu(s)
+        assert len(ups) == 3, ups
+        seen_uuid = ("0", UUID[0]) in ups
+    assert seen_uuid
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUUID": None})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert _one_series_per_gpu(s) == [("0", UUID[0]), ("1", UUID[1]), ("2", UUID[2])]
+
+
+def test_a_gpu_the_refresh_never_started_is_not_called_in_flight(fake_libs, tmp_path_factory, tmp_path, monkeypatch, log):
+    # issue 22 item 11c: a deadline so short that the relay starts GPU 0 only: GPUs 1 and 2
+    # were never started, which is what the log must say (not "in flight")
+    import logging
+
+    from exporter.backends.nvml import NvmlBackend
+    from fakenvml import Scenario, load_in_process
+
+    load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    scenario = Scenario(tmp_path / "scenario.txt", {**BASE, "gpu.0.delay_ms.nvmlDeviceGetUUID": 1500})
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario.path))
+    logger, records = log
+    backend = NvmlBackend(logger, explicit=True, device_timeout=0.001)
+    try:
+        reading = backend.read()
+        assert not reading.success and [d.up for d in reading.devices] == [False] * 3
+        by_gpu = {r.resmon_fields["gpu"]: r.getMessage() for r in records.records
+                  if r.levelno == logging.WARNING and r.getMessage().startswith("GPU read")}
+        assert "in flight" in by_gpu[0], by_gpu
+        for i in (1, 2):
+            assert "not started" in by_gpu[i] and "in flight" not in by_gpu[i], by_gpu
+    finally:
+        scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUUID": None})
+        until = time.monotonic() + 10
+        while backend._workers[0].busy and time.monotonic() < until:  # the hung call returns: no shutdown left pending
+            time.sleep(0.02)
+        backend.close()

@@ -99,6 +99,18 @@ def test_unsupported_values_are_absent_not_zero(run_exporter, machine):
     assert "NaN" not in s.text
 
 
+def test_no_family_without_samples_on_an_nvidia_host(run_exporter, machine):
+    # issue 22 item 9: AMD-only families (junction temperature, GTT) and values no board here
+    # has are left out, not served as HELP/TYPE with no sample; only identity, collector status
+    # and the families whose empty state is an answer (no XID yet) may be empty
+    s = run_exporter().scrape()
+    declared_when_empty = {"resmon_gpu_xid_errors", "resmon_gpu_xid_last_timestamp_seconds"}
+    empty = {f.name for f in s.families.values() if f.name.startswith("resmon_") and not f.samples}
+    assert empty <= declared_when_empty, empty - declared_when_empty
+    for amd_only in ("resmon_gpu_junction_temperature_celsius", "resmon_gpu_gtt_total_bytes", "resmon_gpu_gtt_used_bytes"):
+        assert amd_only not in s.families and f"# HELP {amd_only}" not in s.text
+
+
 def test_host_families(run_exporter, machine):
     s = run_exporter().scrape()
     import psutil

@@ -12,6 +12,7 @@ from fakenvml import GIB, MIB, gpu_keys
 from scenarios import DRIVER_NOT_LOADED, three_gpus
 
 UUID0 = "GPU-0c1c7b8e-1d2e-4c47-9b5a-000000000000"
+UUID1 = "GPU-0c1c7b8e-1d2e-4c47-9b5a-000000000001"
 
 
 def host_flowing(s) -> bool:
@@ -223,3 +224,64 @@ def test_host_collector_off(run_exporter, scenario):
     assert not s.has("resmon_memory_total_bytes")
     assert not s.has("resmon_collector_success", collector="host")
     assert s.value("resmon_gpu_devices") == 3
+
+
+def _two_gpus() -> dict:
+    return {**three_gpus(), "count": 2}
+
+
+def test_departed_gpus_are_bounded_in_count(run_exporter, scenario):
+    # issue 22 item 17: one GPU reappearing under new UUIDs (a reset that re-enumerates, a
+    # swapped board) must not leave one resmon_gpu_up series per UUID ever seen
+    scenario.write(_two_gpus())
+    exporter = run_exporter("--collect.cache-ttl=0")
+    most = 0
+    for n in range(12):
+        uuid = f"GPU-departed-{n:04d}"
+        scenario.update(**{"gpu.0.uuid": uuid})
+        s = exporter.wait_for(lambda s: s.has("resmon_gpu_up", uuid=uuid) and s.value("resmon_gpu_up", uuid=uuid) == 1)
+        most = max(most, len(s.series("resmon_gpu_up")))
+    # 2 enumerated plus at most 2 x the most GPUs ever enumerated at once (2) departed ones
+    assert most <= 6, most
+    # the latest departures stay visible as down (long enough to alert), the oldest went
+    assert s.value("resmon_gpu_up", uuid="GPU-departed-0010") == 0
+    assert not s.has("resmon_gpu_up", uuid="GPU-departed-0000")
+    assert not s.has("resmon_gpu_info", uuid="GPU-departed-0000")
+    assert s.value("resmon_gpu_up", gpu="1", uuid=UUID1) == 1  # GPU 1 untouched
+
+
+def test_a_departed_gpu_is_forgotten_after_a_while(fake_libs, tmp_path_factory, tmp_path, monkeypatch, log):
+    # the time bound, without waiting minutes: the backend's own setting, in process
+    import time
+
+    from exporter.backends.nvml import NvmlBackend
+    from fakenvml import Scenario, load_in_process
+
+    load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    scenario = Scenario(tmp_path / "scenario.txt", _two_gpus())
+    monkeypatch.setenv("FAKE_NVML_SCENARIO", str(scenario.path))
+    backend = NvmlBackend(log[0], explicit=True, device_timeout=5.0, forget_after=0.3)
+    try:
+        assert [d.up for d in backend.read().devices] == [True, True]
+        # what must go with it later: its caches hold it now
+        assert UUID1 in backend._pcie_max and UUID1 in backend._up
+        assert any(k == UUID1 for k, _ in backend._health._unsupported)
+        scenario.update(count=1)  # GPU 1 falls off the bus
+        reading = backend.read()
+        gone = [d for d in reading.devices if d.identity.uuid == UUID1]
+        assert [d.up for d in gone] == [False]  # down first: long enough for ResmonGpuDown
+        deadline = time.monotonic() + 10
+        while any(d.identity.uuid == UUID1 for d in reading.devices):
+            assert time.monotonic() < deadline, "the departed GPU was never forgotten"
+            time.sleep(0.05)
+            reading = backend.read()
+        assert [d.identity.uuid for d in reading.devices] == [UUID0]
+        # and every per-device cache let it go (memory stays bounded)
+        assert set(backend._up) == {UUID0} and set(backend._identities) == {UUID0}
+        assert set(backend._pcie_max) <= {UUID0} and set(backend._process_seen._stamps) <= {UUID0}
+        assert {k for k, _ in backend._busy._engines} <= {UUID0}
+        assert {k for k, _ in backend._health._unsupported} <= {UUID0}
+        assert {k for k, _ in backend._clock_event_source} <= {UUID0}
+        assert {k[0] for k in backend._pcie_unwrap._state} <= {UUID0}
+    finally:
+        backend.close()

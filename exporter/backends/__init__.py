@@ -52,7 +52,9 @@ class GpuBackend(Protocol):
     def close(self) -> None:
         """Release the vendor library; called once, when no read is in flight. A backend
         with background work may also have interrupt(): called from the closing thread
-        first, so that work ends while the last read drains."""
+        first, so that work ends while the last read drains; and wait_released(timeout)
+        -> bool, when close() leaves the library's release to that work (NVML: the XID
+        watcher, inside its event wait, shuts NVML down on its way out)."""
         ...
 
 

@@ -297,7 +297,9 @@ class AmdgpuBackend:
             if not state.answering:
                 state.answering = True
                 self._log.info("AMD GPU answers again", extra=fields(pci_bus_id=card.pci, uuid=state.identity.uuid))
-        return GpuReading(backend=self.name, success=True, device_count=len(samples),
+        # enumerated cards, answering or not (as nvmlDeviceGetCount): a card that answers ENODEV
+        # is down, not missing (ResmonGpuMissing compares this count with its past maximum)
+        return GpuReading(backend=self.name, success=True, device_count=len(cards),
                           driver_version=self._driver_version, devices=self._devices(samples))
 
     def _devices(self, samples: dict[str, GpuSample]) -> tuple[GpuSample, ...]:

@@ -54,6 +54,9 @@ class AutoBackend:
     def read(self) -> GpuReading:
         if self._nvml_final or self._nvml_has_gpus():
             return self._nvml.read()
+        if self._nvml.denied:  # an NVIDIA GPU we may not open: NVML's failure, not "no GPU"
+            self._announce("nvml", f"NVML refuses this process ({self._nvml.denied})")
+            return self._nvml.read()
         fallback = self._choose_fallback()
         return fallback.read()
 
@@ -109,3 +112,6 @@ class AutoBackend:
 
     def close(self) -> None:
         self._nvml.close()
+
+    def wait_released(self, timeout: float) -> bool:
+        return self._nvml.wait_released(timeout)

@@ -8,7 +8,7 @@ data: there is no background thread. Every NVML call goes through nvml_errors.
 Devices are keyed by UUID (PCI bus id where the UUID cannot be read), never by index: NVML
 renumbers after a GPU disappears, so identity, up history and caches follow the UUID and
 `gpu` is just the device's current index. A device no longer enumerated stays visible as
-down under its last index.
+down under its last index for a while (DEPARTED_SECONDS, a count bound), then is forgotten.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Callable
 import pynvml
 
 from .. import nvml_errors
+from ..counters import Monotonic, Unwrap
 from ..logs import fields
 from ..nvml_errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
 from ..samples import (
@@ -39,11 +40,11 @@ from ..samples import (
     in_order,
 )
 from . import GpuOptions, nvml_fields
-from .nvml_busy import BusyIntegrator
+from .nvml_busy import BusyIntegrator, SampleStamps
 from .nvml_gpm import GpmReader
 from .nvml_mig import MigReader
 from .nvml_health import HealthReader
-from .nvml_workers import DeviceWorker, Starts, device_limit
+from .nvml_workers import DeviceWorker, HandleCache, Starts, device_limit
 from .nvml_xid import XidWatcher
 
 _U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
@@ -65,6 +66,12 @@ _CLOCK_IDS = {
 
 
 _PARTS = ("health", "nvlink", "processes", "profiling", "mig")
+# A device no longer enumerated stays as resmon_gpu_up 0 for this long (ResmonGpuDown fires
+# after 2 minutes), then it and every cache of it are dropped; at most DEPARTED_PER_GPU times
+# the most GPUs enumerated at once are kept meanwhile (the oldest departures go first), so
+# GPUs reappearing under new UUIDs cannot grow series and memory without bound.
+DEPARTED_SECONDS = 600.0
+DEPARTED_PER_GPU = 2
 
 
 @dataclasses.dataclass
@@ -140,8 +147,10 @@ class NvmlBackend:
         max_backoff: float = 30.0,
         options: GpuOptions | None = None,
         device_timeout: float = 5.0,
+        forget_after: float = DEPARTED_SECONDS,
     ) -> None:
         self._log = log
+        self._forget_after = forget_after
         # each GPU is read on its own worker; a refresh waits this long for one GPU, after
         # which that GPU alone is down until its read returns (--collect.timeout, a little less)
         self._device_timeout = device_timeout
@@ -153,6 +162,7 @@ class NvmlBackend:
         # guards the identity maps where a worker iterates or re-keys them (never held over an NVML call)
         self._ident_lock = threading.Lock()
         self._close_lock = threading.Lock()  # workers ending after close() finish a pending shutdown once
+        self._released = threading.Event()  # after close(): nothing is left inside this init of NVML
         self._options = options or GpuOptions()
         self._explicit = explicit
         self._min_backoff = min_backoff
@@ -163,12 +173,27 @@ class NvmlBackend:
         self._ever_initialised = False
         self._init_failures = 0
         self.last_error = ""
+        # NO_PERMISSION where it is fatal (issue 22 item 12): the init's or the count's error
+        # text, and the indices whose handle lookup was refused (workers write it, under _ident_lock)
+        self._denied = ""
+        self._denied_at: dict[int, str] = {}
+        self._denied_logs = 0  # refusals so far: logged at 1, 2, 4, 8, ... (a log line with backoff)
         self._driver_version = ""
         self._count = -1  # device count of the previous read: a change means re-enumeration
-        self._handles: dict[int, Any] = {}  # by current index, dropped when the count changes
+        # by current index, dropped when the count changes; generation-checked (a lookup that
+        # hung across a count change must not cache the old enumeration's handle)
+        self._handles = HandleCache()
         self._identities: dict[str, GpuIdentity] = {}  # every device seen since start, by key
         self._complete: set[str] = set()  # keys whose identity fields are all known since init
+        # index -> key its latest identity read found (under _ident_lock): a read stuck after
+        # it is reported under that key, never as a second, placeholder device
+        self._identified_at: dict[int, str] = {}
+        self._unstarted: set[int] = set()  # indices warned about as not started, until read again
         self._key_at: dict[int, str] = {}  # index -> key seen there in the previous read
+        # devices no longer enumerated -> monotonic time since when (the reader's alone);
+        # forgotten after forget_after, or beyond DEPARTED_PER_GPU x the most GPUs enumerated at once
+        self._departed: dict[str, float] = {}
+        self._most_enumerated = 0
         self._up: dict[str, bool] = {}
         self.memory_api = "v2"
         # Newest call first; old drivers fall back (contract: memory v2 -> v1, TemperatureV ->
@@ -214,12 +239,18 @@ class NvmlBackend:
         self._pcie_replays = _Fallback(pynvml.nvmlDeviceGetPcieReplayCounter)
         self._samples_missing = _optional("nvmlDeviceGetSamples") is None
         self._process_util = _optional("nvmlDeviceGetProcessUtilization")
-        self._process_seen: dict[str, int] = {}  # device key -> newest process sample timestamp (µs)
+        self._process_seen = SampleStamps()  # device key -> newest process sample timestamp (µs)
         self._mig = MigReader()
         self._mig_on = False  # a GPU in this read answers its MIG mode (on or off): the mig collector is active
         self._busy = BusyIntegrator()
         self._health = HealthReader(log)  # also the "not supported on this board" memo
         self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
+        # counters never decrease (exporter/counters.py): PCIe bytes unwrapped by their width,
+        # then every counter family restarted lower kept monotonic, once per read
+        self._pcie_unwrap = Unwrap()
+        self._counters = Monotonic()
+        # (key, reason) -> (driver version, "field" | "violation"): one clock-event source each
+        self._clock_event_source: dict[tuple[str, str], tuple[str, str]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
         # index -> (uuid, handle) of its last read that got that far: a GPU whose read is
@@ -259,6 +290,9 @@ class NvmlBackend:
         self._initialised = True
         self._ever_initialised = True
         self._init_failures = 0
+        self._denied = ""
+        with self._ident_lock:
+            self._denied_at.clear()
         self._handles.clear()
         self._last_watched.clear()
         self._complete.clear()
@@ -275,18 +309,46 @@ class NvmlBackend:
         return True
 
     def device_count(self) -> int:
-        """Devices NVML enumerates now; 0 when it cannot say."""
+        """Devices NVML enumerates now; 0 when it cannot say (denied: see `denied`)."""
         try:
-            return nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
+            count = nvml_errors.required(pynvml.nvmlDeviceGetCount) or 0
+        except nvml_errors.Denied as err:
+            self._refused(str(err))
+            return 0
         except (BackendDown, DeviceDown, Missing) as err:
             self.last_error = str(err)
             return 0
+        self._denied = ""
+        return count
+
+    @property
+    def denied(self) -> str:
+        """NVML's error text while nvmlInit or the device count answers NO_PERMISSION: an
+        NVIDIA GPU is there and this process may not open it (auto mode keeps NVML then)."""
+        return self._denied
+
+    def _refused(self, error: str, gpus: tuple[int, ...] = ()) -> None:
+        """NO_PERMISSION where the exporter cannot do without the answer: warned about at the
+        1st, 2nd, 4th, 8th, ... refusal, so it stays in the log without flooding it."""
+        if not gpus:
+            self._denied = self.last_error = error
+        self._denied_logs += 1
+        level = logging.WARNING if self._denied_logs & (self._denied_logs - 1) == 0 else logging.DEBUG
+        self._log.log(
+            level,
+            "NVML refuses this process: no permission to open the GPU (/dev/nvidiactl, /dev/nvidia*); "
+            "give the exporter the device nodes (the video group or a udev rule; in Docker --gpus or --device "
+            "with the NVIDIA container toolkit)",
+            extra=fields(error=error, gpu=",".join(map(str, gpus)) or "all", refusals=self._denied_logs),
+        )
 
     def _init_failed(self, err: BackendDown, now: float) -> None:
         self._init_failures += 1
         self.last_error = str(err)
         self._next_attempt = now + self._backoff
-        if self._init_failures == 1 and not self._explicit:
+        if err.code == nvml_errors.NO_PERMISSION:
+            self._refused(str(err))  # a failure, not "no GPU" (issue 22 item 12)
+        elif self._init_failures == 1 and not self._explicit:
             self._log.warning(
                 "NVML not available; serving host metrics and retrying with backoff",
                 extra=fields(error=str(err), retry_in_seconds=round(self._backoff, 3)),
@@ -350,12 +412,22 @@ class NvmlBackend:
             pass
 
     def close(self) -> None:
-        self._shutdown()
+        """Prompt: the XID watcher (inside a wait of up to 0.5 s) and a GPU worker stuck in
+        a call are not waited for; shutting NVML down under them can crash, so the last of
+        them out of NVML does it (_after_close), or this call when all are out already."""
+        with self._close_lock:
+            if self._initialised:
+                self._initialised = False
+                self._shutdown_pending = True  # before anyone is told: the last one out sees it
+            if not self._shutdown_pending:
+                self._released.set()  # never initialised, or already shut down
+        if self._xid is not None:
+            self._xid.stop(0.0, on_exit=self._after_close)
         workers = list(self._workers.values())
         for worker in workers:
-            # each ends once idle; one stuck in a call ends when it returns, and the last one
-            # out does the shutdown that was left pending for it
+            # each ends once idle; one stuck in a call ends when it returns
             worker.stop(self._after_close)
+        self._after_close()
         until = time.monotonic() + 0.5
         for worker in workers:
             worker.join(max(0.0, until - time.monotonic()))  # idle ones end at once
@@ -365,6 +437,13 @@ class NvmlBackend:
             if self._shutdown_pending and self._nvml_idle(0.0):
                 self._shutdown_pending = False
                 self._nvml_shutdown()
+                self._released.set()
+
+    def wait_released(self, timeout: float) -> bool:
+        """After close(): True once the XID watcher and the GPU workers are out of NVML and
+        it is shut down (waiting up to timeout). The CLI waits for this before it exits, so
+        the event set is freed and NVML released; the Python API's close() does not."""
+        return self._released.wait(max(0.0, timeout))
 
     # -- reading ----------------------------------------------------------------------
 
@@ -374,7 +453,12 @@ class NvmlBackend:
         self._part_seconds = dict.fromkeys(_PARTS, 0.0)
         self._watched = {}
         try:
-            count = nvml_errors.call(pynvml.nvmlDeviceGetCount) or 0
+            try:
+                count = nvml_errors.required(pynvml.nvmlDeviceGetCount) or 0
+            except nvml_errors.Denied as err:  # asked again on the next refresh (a cheap call)
+                self._refused(str(err))
+                return self._unavailable()
+            self._denied = ""
             if count != self._count:  # re-enumerated: an index may now be another device
                 self._handles.clear()
                 self._last_watched.clear()
@@ -394,6 +478,9 @@ class NvmlBackend:
         samples = list(by_key.values())
         # A device seen before but no longer enumerated stays visible as down, under its last index.
         shown = {(s.identity.index, s.identity.uuid) for s in samples}
+        self._most_enumerated = max(self._most_enumerated, count)
+        for key in self._departures(seen):
+            self._forget(key)
         with self._ident_lock:  # a stuck worker may still be adding to it
             known = list(self._identities.items())
         for key, identity in known:
@@ -402,7 +489,12 @@ class NvmlBackend:
             if (identity.index, identity.uuid) in shown:
                 continue  # same labels as an enumerated device (no UUID to tell them apart)
             samples.append(self._down(key, None))
+        samples = self._counters.samples(samples)  # no counter decreases (exporter/counters.py)
         self._backoff = self._min_backoff  # a read that worked: the next loss retries soon again
+        with self._ident_lock:  # a late worker may still write it
+            refused = {i: e for i, e in self._denied_at.items() if i < count}
+        if refused:
+            self._refused(next(iter(refused.values())), tuple(sorted(refused)))
         xid = None
         if self._xid is not None:
             if not self._closing:
@@ -411,7 +503,9 @@ class NvmlBackend:
             self._xid_ever_watched = self._xid_ever_watched or bool(xid.watched)
         return GpuReading(
             backend="nvml",
-            success=not self._any_stuck,  # a GPU not read this time: the collector did not succeed
+            # a GPU not read this time, or one we may not open: the collector did not succeed
+            success=not self._any_stuck and not refused,
+            error="no_permission" if refused else "",
             device_count=count,
             driver_version=self._driver_version,
             devices=in_order(samples),
@@ -419,6 +513,42 @@ class NvmlBackend:
             parts=self._parts(not self._any_stuck),  # a stuck GPU's health is missing too
             xid=xid,
         )
+
+    def _departures(self, seen: set[str]) -> list[str]:
+        """The departed devices to forget now: gone longer than forget_after, and beyond the
+        count bound the oldest departures."""
+        now = time.monotonic()
+        with self._ident_lock:
+            known = set(self._identities)
+        for key in [k for k in self._departed if k in seen or k not in known]:
+            del self._departed[key]  # enumerated again (or re-keyed meanwhile)
+        for key in known - seen:
+            self._departed.setdefault(key, now)
+        by_age = sorted(self._departed, key=self._departed.__getitem__)
+        keep = DEPARTED_PER_GPU * max(self._most_enumerated, 1)
+        overflow = by_age[: max(0, len(by_age) - keep)]
+        return overflow + [k for k in by_age[len(overflow):] if now - self._departed[k] >= self._forget_after]
+
+    def _forget(self, key: str) -> None:
+        """Drop a departed device and every per-device cache of it."""
+        del self._departed[key]
+        with self._ident_lock:
+            identity = self._identities.pop(key, None)
+            self._up.pop(key, None)
+            self._complete.discard(key)
+        self._busy.forget(key)
+        self._process_seen.forget(key)
+        self._pcie_max.pop(key, None)
+        self._pcie_unwrap.forget(key)
+        for source in [s for s in list(self._clock_event_source) if s[0] == key]:
+            self._clock_event_source.pop(source, None)
+        self._health.forget_device(key)
+        if self._gpm is not None:
+            self._gpm.forget(key)
+        if identity is not None:
+            self._counters.forget(identity.uuid or identity.pci_bus_id or f"#index-{identity.index}")
+            self._log.info("GPU no longer enumerated for long; its series are dropped",
+                           extra=fields(gpu=identity.index, uuid=identity.uuid))
 
     def _parts(self, success: bool) -> tuple[PartStatus, ...]:
         """health and nvlink fail with the read, and when one of their queries failed on an
@@ -442,11 +572,13 @@ class NvmlBackend:
     def _unavailable(self) -> GpuReading:
         """No NVML right now. Before it ever worked (auto mode) the host simply has no GPU
         backend; after, or when NVML was asked for explicitly, it is a failure."""
-        failing = self._ever_initialised or self._explicit
+        # NO_PERMISSION is a failure even before NVML ever worked: a GPU is there, closed to us
+        failing = self._ever_initialised or self._explicit or bool(self._denied)
         self._busy.unread_all()
         return GpuReading(
             backend="nvml" if failing else "none",
             success=not failing,
+            error="no_permission" if self._denied else "",
             driver_version=self._driver_version,
             devices=all_down(self._known()),
             memory_api=self.memory_api,
@@ -472,6 +604,8 @@ class NvmlBackend:
                 worker = self._workers[i] = DeviceWorker(i)
             jobs.append((worker, lambda i=i: self._read_device(i)))
         relay = self._starts.relay(jobs)
+        # busy now: a read still in flight from an earlier refresh, which the relay passes over
+        in_flight = [worker.busy for worker, _ in jobs]
         started = relay.run(until)
         out: list[tuple[str, GpuSample]] = []
         watched: dict[str, Any] = {}
@@ -482,11 +616,13 @@ class NvmlBackend:
         for i, submitted in enumerate(started):
             done, result, err = self._workers[i].wait(until) if submitted else (False, None, None)
             if not done:
-                out.append(self._stuck_device(i))
+                # neither submitted nor in flight: the refresh's deadline passed before the relay reached it
+                out.append(self._stuck_device(i, started=submitted or in_flight[i]))
                 if i in self._last_watched:
                     uuid, handle = self._last_watched[i]
                     watched[uuid] = handle
                 continue
+            self._unstarted.discard(i)
             if i in self._stuck:
                 self._stuck.discard(i)
                 self._log.info("GPU read returned; reading it again", extra=fields(gpu=i))
@@ -516,11 +652,23 @@ class NvmlBackend:
             raise error
         return out, watched, seconds
 
-    def _stuck_device(self, index: int) -> tuple[str, GpuSample]:
+    def _stuck_device(self, index: int, started: bool = True) -> tuple[str, GpuSample]:
+        """A GPU not read in this refresh: its read in flight past the limit, or (started
+        False) never started before the refresh's deadline. Reported under the key its
+        worker's identity read found (also while that read is still in flight), else the one
+        seen at this index before; a placeholder only for a GPU never identified."""
         self._any_stuck = True
-        key = self._key_at.get(index) or f"#index-{index}"
-        with self._ident_lock:
+        with self._ident_lock:  # _identify sets the key and drops the placeholder under it too
+            key = self._identified_at.get(index) or self._key_at.get(index) or f"#index-{index}"
             identity = self._identities.setdefault(key, GpuIdentity(index=index))
+        if not started:
+            if index not in self._unstarted:
+                self._unstarted.add(index)
+                self._log.warning(
+                    "GPU read not started: the refresh's deadline passed before its turn; reporting this GPU down this time",
+                    extra=fields(collect_timeout_seconds=round(self._device_timeout, 3), gpu=index),
+                )
+            return key, self._down(key, DeviceDown(None, "read not started before the refresh's deadline"), identity)
         if index not in self._stuck:
             self._stuck.add(index)
             self._log.warning(
@@ -574,16 +722,26 @@ class NvmlBackend:
     def _read_one(self, index: int) -> tuple[str, GpuSample]:
         handle = self._handles.get(index)
         if handle is None:
+            generation = self._handles.generation  # before the lookup: a count change meanwhile wins
+            refused = ""
             try:
-                handle = nvml_errors.call(pynvml.nvmlDeviceGetHandleByIndex, index)
+                handle = nvml_errors.required(pynvml.nvmlDeviceGetHandleByIndex, index)
+            except nvml_errors.Denied as err:  # we may not open this GPU: a failure (issue 22 item 12)
+                handle, refused = None, str(err)
             except (DeviceDown, Missing):
                 handle = None
             if handle is None:  # lost at handle: the device that was at this index is down
                 key = self._key_at.get(index) or f"#index-{index}"
                 with self._ident_lock:  # the reader and other workers iterate it
                     self._identities.setdefault(key, GpuIdentity(index=index))
-                return key, self._down(key, DeviceDown(None, "no handle"))
-            self._handles[index] = handle
+                    if refused:
+                        self._denied_at[index] = refused
+                    else:
+                        self._denied_at.pop(index, None)
+                return key, self._down(key, DeviceDown(None, refused or "no handle"))
+            with self._ident_lock:
+                self._denied_at.pop(index, None)
+            self._handles.put(index, handle, generation)
         key = self._identify(index, handle)
         uuid = self._identities[key].uuid
         if uuid:  # watched for XIDs even while its values fail: that is when XIDs come
@@ -591,7 +749,7 @@ class NvmlBackend:
         try:
             sample = self._read_values(key, self._identities[key], handle)
         except DeviceDown as err:
-            self._handles.pop(index, None)
+            self._handles.drop(index, handle)
             return key, self._down(key, err)
         if not self._up.get(key, True):
             self._log.info("GPU answering again", extra=fields(gpu=index, uuid=sample.identity.uuid))
@@ -612,6 +770,8 @@ class NvmlBackend:
                 key = self._key_by_pci(pci) or pci or self._key_at.get(index) or f"#index-{index}"
         placeholder = f"#index-{index}"
         with self._ident_lock:  # NVML calls stay outside: a hung GPU must not block the others
+            # from here on a read of this GPU stuck later is reported under this key (_stuck_device)
+            self._identified_at[index] = key
             if key != placeholder and placeholder in self._identities:
                 # the device's first answer: its uuid="" series is replaced by the real one
                 self._identities.pop(placeholder)
@@ -621,9 +781,13 @@ class NvmlBackend:
                 if old.index != index:
                     old = self._identities[key] = dataclasses.replace(old, index=index)
                 return key
-        identity = self._read_identity(index, handle, uuid, pci, old)
+            if old is None:  # what is known so far, for a read that gets stuck before the rest answers
+                old = self._identities[key] = GpuIdentity(index=index, uuid=uuid, pci_bus_id=pci)
+        identity, complete = self._read_identity(index, handle, uuid, pci, old)
         with self._ident_lock:
             self._identities[key] = identity
+            if complete:  # no identity call again until the next init
+                self._complete.add(key)
             if uuid and identity.pci_bus_id:
                 # the UUID answers now: a device that was known by its PCI bus id is this one
                 for other in [k for k, i in self._identities.items() if k != key and not i.uuid and i.pci_bus_id == identity.pci_bus_id]:
@@ -651,25 +815,30 @@ class NvmlBackend:
         except (DeviceDown, Missing):
             return ""
 
-    def _read_identity(self, index: int, handle: Any, uuid: str, pci: str, old: GpuIdentity | None) -> GpuIdentity:
+    def _read_identity(
+        self, index: int, handle: Any, uuid: str, pci: str, old: GpuIdentity | None
+    ) -> tuple[GpuIdentity, bool]:
+        """The identity with the fields old lacks read again, and whether it is complete:
+        name and PCI bus id known, and every max clock read or positively not supported (a
+        clock that failed, e.g. RESET_REQUIRED at start, is asked again on later reads)."""
         uuid = uuid or (old.uuid if old else "")  # a UUID once read is kept
         name = (old.name if old else "") or self._name(handle)
         pci = (old.pci_bus_id if old else "") or pci or self._pci_bus_id(handle)
-        clocks = old.clock_max_hertz if old else ()
-        if not clocks:
-            found = []
-            for clock in CLOCK_TYPES:
-                try:
-                    hertz = _mhz_to_hertz(self._max_clock(handle, _CLOCK_IDS[clock]))
-                except DeviceDown:
-                    hertz = None
-                if hertz is not None:
-                    found.append((clock, hertz))
-            clocks = tuple(found)
+        known = dict(old.clock_max_hertz) if old else {}
+        settled = True
+        for clock in CLOCK_TYPES:
+            if clock in known:
+                continue
+            try:
+                hertz = _mhz_to_hertz(self._max_clock(handle, _CLOCK_IDS[clock]))
+            except DeviceDown:  # not an answer: asked again next time
+                settled = False
+                continue
+            if hertz is not None:  # None: not supported (or no such call), which is an answer
+                known[clock] = hertz
+        clocks = tuple((clock, known[clock]) for clock in CLOCK_TYPES if clock in known)
         identity = GpuIdentity(index=index, uuid=uuid, name=name, pci_bus_id=pci, clock_max_hertz=clocks)
-        if name and pci:  # complete: no identity call again until the next init
-            self._complete.add(uuid or pci)
-        return identity
+        return identity, bool(name and pci and settled)
 
     def _memory(self, handle: Any) -> Any:
         if self.memory_api == "v2":
@@ -740,7 +909,8 @@ class NvmlBackend:
             self._spent("nvlink", time.perf_counter() - clock)
             requests += self._health.link_requests(links)
             self._has_links = self._has_links or links > 0
-        fields = batch(requests) or {}
+        answer = batch(requests)  # an empty answer is kept: it still says which entries failed
+        fields: nvml_fields.Values | dict[nvml_fields.Request, float | int] = {} if answer is None else answer
         memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
         out: dict[str, Any] = {
             "memory_temperature_celsius": float(memory_temperature) if memory_temperature is not None else None,
@@ -748,11 +918,7 @@ class NvmlBackend:
             "decoder_utilization_ratio": self._engine_ratio(ask(key, "decoder", self._decoder, handle)),
             "busy_seconds": self._busy_seconds(key, handle),
             "clock_event_seconds": self._clock_events(key, handle, fields),
-            "pcie_bytes": tuple(
-                (direction, int(value))
-                for direction, fid in (("transmit", nvml_fields.PCIE_COUNT_TX_BYTES), ("receive", nvml_fields.PCIE_COUNT_RX_BYTES))
-                if (value := fields.get((fid, 0))) is not None and value >= 0
-            ),
+            "pcie_bytes": self._pcie_bytes(key, fields),
             **self._pcie(key, handle),
         }
         if self._options.health:
@@ -777,15 +943,46 @@ class NvmlBackend:
             return None
         return _ratio_from_percent(int(answer[0]))  # [percent, sampling period µs]
 
-    def _clock_events(self, key: str, handle: Any, fields: nvml_fields.Values) -> tuple[tuple[str, float], ...]:
+    def _clock_events(self, key: str, handle: Any, fields: Any) -> tuple[tuple[str, float], ...]:
+        """Seconds per clock-event reason. A reason with an nvmlDeviceGetViolationStatus
+        policy has one source per device and driver, chosen once: the field where the
+        driver has it (its value answered), the violation call where it has not (the batch
+        answered with that entry failed, or there are no field values at all). The two
+        differ, so they are never mixed: a refresh whose batch failed leaves a reason on
+        the field out, and one not chosen yet (every batch failed so far) is left out."""
+        failed = fields.failed if isinstance(fields, nvml_fields.Values) else set()
+        no_fields = not self._fields.available  # a driver without nvmlDeviceGetFieldValues
         out = []
         for reason, fid, policy in nvml_fields.CLOCK_EVENT_FIELDS:
             value = fields.get((fid, 0))
-            if value is None and policy is not None:  # a driver before the field ids
-                answer = self._health.ask(key, f"violation.{policy}", self._violation, handle, policy)
-                value = int(answer.violationTime) if answer is not None else None
+            if policy is not None:
+                chosen = self._clock_event_source.get((key, reason))
+                source = chosen[1] if chosen is not None and chosen[0] == self._driver_version else None
+                decided = source is not None  # under this driver: another one chooses again
+                if source is None and value is not None:
+                    source = "field"
+                if source is None and (no_fields or (fid, 0) in failed):
+                    source = "violation"  # kept only once it answers (below)
+                if source == "violation":
+                    answer = self._health.ask(key, f"violation.{policy}", self._violation, handle, policy)
+                    value = int(answer.violationTime) if answer is not None else None
+                    if value is None and not decided:
+                        source = None  # neither answered: not chosen yet
+                if source is not None and not decided:
+                    self._clock_event_source[(key, reason)] = (self._driver_version, source)
             if value is not None and 0 <= value < _U64_NA:
                 out.append((reason, value / nvml_fields.CLOCK_EVENT_UNITS_PER_SECOND))
+        return tuple(out)
+
+    def _pcie_bytes(self, key: str, fields: Any) -> tuple[tuple[str, int], ...]:
+        """Fields 197/198, documented "Value can be wrapped": unwrapped by the width of the
+        entry's value type (exporter/counters.py Unwrap)."""
+        bits = fields.bits if isinstance(fields, nvml_fields.Values) else {}
+        out = []
+        for direction, fid in (("transmit", nvml_fields.PCIE_COUNT_TX_BYTES), ("receive", nvml_fields.PCIE_COUNT_RX_BYTES)):
+            value = fields.get((fid, 0))
+            if value is not None and value >= 0:
+                out.append((direction, self._pcie_unwrap.value((key, direction), int(value), bits.get((fid, 0)))))
         return tuple(out)
 
     def _pcie(self, key: str, handle: Any) -> dict[str, Any]:
@@ -819,7 +1016,7 @@ class NvmlBackend:
                 self._samples_missing = True
                 break
             if answer is None:  # NOT_SUPPORTED (MIG mode, or this engine): absent
-                self._busy.unread(key)
+                self._busy.unread(key, engine)  # this engine only: the others were (or will be) read
                 continue
             samples: list[tuple[int, float]] = []
             entries: Any = ()
@@ -861,24 +1058,26 @@ class NvmlBackend:
         the previous refresh (a listed process without new samples was idle: 0). None where
         the GPU does not report it (MIG on). The newest timestamp is passed back, so a sample
         is counted once; samples of processes no longer listed are dropped."""
-        if self._process_util is None:
+        query = self._process_util  # once: another GPU's worker may set it to None meanwhile
+        if query is None:
             return None
         if not pids:
             return {}
-        seen = self._process_seen.get(key, 0)
+        # 0 (the whole buffer) now and then without new samples: a clock stepped back (SampleStamps)
+        asked = self._process_seen.last_seen(key)
         try:
-            answer = self._health.ask(key, "process_utilization", nvml_errors.newer, self._process_util, handle, seen, part="processes")
+            answer = self._health.ask(key, "process_utilization", nvml_errors.newer, query, handle, asked, part="processes")
         except Missing:  # a driver without it: utilization absent from now on
             self._process_util = None
             return None
         if answer is None:
             return None
+        seen = self._process_seen.take(key, [int(sample.timeStamp) for sample in answer])
         sums: dict[int, list[float]] = {}
         for sample in answer:
             stamp, pid = int(sample.timeStamp), int(sample.pid)
             if stamp <= seen:
                 continue
-            self._process_seen[key] = max(self._process_seen.get(key, 0), stamp)
             if pid not in pids:  # exited since, or a stale entry of the driver's buffer
                 continue
             acc = sums.setdefault(pid, [0.0] * (len(PROCESS_ENGINES) + 1))

@@ -46,7 +46,19 @@ _DOUBLE = 0
 _SENTINELS = {1: U32_NA, 2: U64_NA, 3: U64_NA}  # unsigned types' all-ones value
 
 Request = tuple[int, int]  # (field id, scope id)
-Values = dict[Request, float | int]
+# integer nvmlValueType_t -> width in bits (UINT, ULONG on LP64, ULONGLONG, SLONGLONG, SINT, USHORT)
+_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}
+
+
+class Values(dict[Request, float | int]):
+    """{(id, scope): value} of one batch that answered (possibly empty: every entry failed);
+    bits: each integer entry's width by its value type, for counters that wrap (None: a
+    double); failed: the entries whose own nvmlReturn was not SUCCESS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bits: dict[Request, int | None] = {}
+        self.failed: set[Request] = set()
 
 
 def _raw_u64(value: Any) -> int:
@@ -86,16 +98,29 @@ def read(handle: Any, requests: Iterable[Request], call: Any) -> Values | None:
     Fallback for nvmlDeviceGetFieldValues (DeviceDown propagates: the device is down)."""
     wanted = list(requests)
     if not wanted:
-        return {}
+        return Values()
     entries = call(handle, wanted)
     if entries is None:
         return None
-    out: Values = {}
+    out = Values()
     for entry in entries:
+        request = (int(entry.fieldId), int(entry.scopeId))
         value = decode(entry)
-        if value is not None:
-            out[(int(entry.fieldId), int(entry.scopeId))] = value
+        if value is None:
+            if not nvml_errors.entry_ok(entry.nvmlReturn):
+                out.failed.add(request)
+            continue
+        out[request] = value
+        out.bits[request] = width(int(entry.valueType), value)
     return out
+
+
+def width(value_type: int, value: float | int) -> int | None:
+    """The width of an entry's value; a DOUBLE that union_value read as an integer is the
+    mislabelled uiVal (32 bits)."""
+    if value_type == _DOUBLE:
+        return 32 if isinstance(value, int) else None
+    return _BITS.get(value_type)
 
 
 def in_range(value: float | int | None, low: float, high: float) -> float | int | None:

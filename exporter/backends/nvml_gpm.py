@@ -211,6 +211,14 @@ class GpmReader:
         for source in gone:
             self._free(source)
 
+    def forget(self, key: str) -> None:
+        """A device that left for good: its buffers go back to NVML, its support answer goes."""
+        with self._lock:
+            gone = [self._sources.pop(s) for s in list(self._sources) if s[0] == key]
+            self._supported.pop(key, None)
+        for source in gone:
+            self._free(source)
+
     def free_all(self) -> None:
         """Before nvmlShutdown (and on re-init): every buffer back; support and the symbols
         are asked again (the next init may load another driver)."""

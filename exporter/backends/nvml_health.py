@@ -60,6 +60,15 @@ class HealthReader:
         self._unsupported.clear()
         self._links.clear()
 
+    def forget_device(self, key: str) -> None:
+        """A device that left for good (NvmlBackend forgets departed GPUs): its memos go. On
+        the reader thread while workers add their own devices' entries: copies, then pops."""
+        for memo in [m for m in list(self._unsupported) if m[0] == key]:
+            self._unsupported.pop(memo, None)
+        self._links.pop(key, None)
+        for warned in [w for w in list(self._warned) if w[0] == key]:
+            self._warned.discard(warned)
+
     def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu", remember: bool = True) -> Any:
         """fn(*args) for a health or v2 value. NOT_SUPPORTED (None) is remembered for this
         device for UNSUPPORTED_RECHECK seconds (some answers change at run time: remapped

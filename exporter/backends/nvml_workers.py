@@ -203,6 +203,41 @@ class Starts:
             self._at_once_left = PROBE_EVERY - 1
 
 
+class HandleCache:
+    """Device handles by current index, shared by the workers and the reader. clear() (the
+    devices were re-enumerated: an index may now be another device) starts a new generation;
+    a lookup stores its handle only if the generation it started in is still current, so a
+    lookup that hung across a count change cannot cache the old enumeration's handle."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[int, Any] = {}
+        self.generation = 0
+
+    def get(self, index: int) -> Any:
+        with self._lock:
+            return self._handles.get(index)
+
+    def put(self, index: int, handle: Any, generation: int) -> bool:
+        """Cache handle, looked up in generation; False (not cached) when that has passed."""
+        with self._lock:
+            if generation != self.generation:
+                return False
+            self._handles[index] = handle
+            return True
+
+    def drop(self, index: int, handle: Any) -> None:
+        """Forget index's handle if it is still this one (a late job must not drop a newer one)."""
+        with self._lock:
+            if self._handles.get(index) is handle:
+                del self._handles[index]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._handles.clear()
+            self.generation += 1
+
+
 def device_limit(collect_timeout: float) -> float:
     """How long one refresh waits for one GPU: a little under --collect.timeout, so that the
     refresh (the slow GPU down, the others fresh) reaches a scrape that gave it the whole

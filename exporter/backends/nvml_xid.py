@@ -14,7 +14,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pynvml
@@ -90,6 +90,8 @@ class XidWatcher:
         self._generation = 0  # bumped on every changed mapping
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._out = False  # the running thread has freed its set and makes no more NVML calls
+        self._on_exit: Callable[[], None] | None = None  # stop()'s callback for a thread still inside NVML
         self._counts: dict[tuple[str, int], tuple[int, float]] = {}
         self._watched: frozenset[str] = frozenset()
         self._healthy = True
@@ -110,7 +112,7 @@ class XidWatcher:
             if alive and self._stopping:
                 return  # a stop() that timed out: its thread still runs, never a second one
             if not alive:
-                self._stopping = False
+                self._stopping, self._out, self._on_exit = False, False, None
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
 
@@ -119,15 +121,23 @@ class XidWatcher:
             counts = tuple(XidCount(u, x, n, t) for (u, x), (n, t) in sorted(self._counts.items()))
             return XidState(counts, self._watched, self._healthy, self._duration)
 
-    def stop(self, timeout: float) -> bool:
+    def stop(self, timeout: float, on_exit: Callable[[], None] | None = None) -> bool:
+        """Ask the thread to end; True once it makes no more NVML calls (waiting up to
+        timeout: it is inside a wait of at most wait_ms). on_exit: called on the thread once
+        it is out of NVML, when that is after this returns False (close() does not wait out a
+        wait: the thread's way out finishes the shutdown instead)."""
         with self._lock:
             thread = self._thread
             if thread is None:
                 return True
             self._stopping = True
+            if on_exit is not None:
+                self._on_exit = on_exit
             self._wake.notify_all()
-        thread.join(timeout)  # it is inside a wait of at most wait_ms
-        return not thread.is_alive()
+        if thread is not threading.current_thread():  # on_exit may ask from the thread itself
+            thread.join(timeout)
+        with self._lock:
+            return self._out or not thread.is_alive()
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -202,6 +212,13 @@ class XidWatcher:
             self._free(event_set)
             with self._lock:
                 self._watched = frozenset()
+                self._out = True
+                on_exit, self._on_exit = self._on_exit, None
+            if on_exit is not None:  # outside the lock: it may call stop() or state()
+                try:
+                    on_exit()
+                except Exception:
+                    self._log.error("XID watcher exit callback failed", exc_info=True, extra=fields())
 
     def _build(
         self, devices: dict[str, Any], unsupported: set[tuple[str, int | None]]

@@ -19,6 +19,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 H1 = {"job": "resmon", "instance": "gpu-host-1:9636"}
 H2 = {"job": "resmon", "instance": "gpu-host-2:9636"}
+H3 = {"job": "resmon", "instance": "gpu-host-3:9636"}  # NVML refuses it the GPUs (NO_PERMISSION)
 GIB = 1024**3
 
 
@@ -247,6 +248,9 @@ def tests() -> list[dict[str, Any]]:
             {"series": series("resmon_collector_success", {**H1, "collector": "gpu"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H1, "collector": "host"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H2, "collector": "gpu"}), "values": "1x20"},
+            {"series": series("resmon_collector_success", {**H3, "collector": "gpu"}), "values": "0x20"},
+            {"series": series("resmon_collector_error_info", {**H3, "collector": "gpu", "reason": "no_permission"}),
+             "values": "1x20"},
             {"series": series("resmon_collector_success", {**H1, "collector": "xid"}), "values": "0x20"},
             {"series": series("resmon_collector_success", {**H1, "collector": "nvlink"}), "values": "1x20"},
             {"series": series("resmon_collector_success", {**H2, "collector": "health"}), "values": "1 0x3 1x16"},
@@ -274,6 +278,16 @@ def tests() -> list[dict[str, Any]]:
                   firing(H1, "warning", "gpu-host-1:9636 reports fewer GPUs than during the last 6 hours",
                          "The backend now reports 7 GPUs, fewer than its maximum of the last 6 hours.",
                          "Check lspci and nvidia-smi -L on the node; a GPU that disappeared needs a reset, reseat or RMA.")),
+            check("3m", "ResmonGpuNoPermission"),  # pending: for 5m
+            check("7m", "ResmonGpuNoPermission",
+                  firing({**H3, "collector": "gpu", "reason": "no_permission"}, "warning",
+                         "resmon on gpu-host-3:9636 may not open its GPUs",
+                         "NVML has refused the exporter access to the GPUs (NO_PERMISSION) for 5 minutes: no GPU "
+                         "metric and no GPU alert works for this host meanwhile.",
+                         "Give the exporter the device nodes: /dev/nvidiactl and /dev/nvidia* readable by its user "
+                         "(the video group or a udev rule); in Docker --gpus all (NVIDIA container toolkit) or "
+                         "--device for each node; in Kubernetes the nvidia runtime class. README, Troubleshooting.")),
+            # gpu-host-3's failing collector is ResmonGpuNoPermission's alone: only gpu-host-1 here
             check("5m", "ResmonGpuCollectorFailing"),
             check("15m", "ResmonGpuCollectorFailing",
                   firing({**H1, "collector": "gpu"}, "warning", "resmon on gpu-host-1:9636 cannot read its GPUs",

@@ -226,6 +226,7 @@ typedef struct {
     long long samples_period_ms; /* <= 0: nvmlDeviceGetSamples not supported */
     long long samples_capacity;
     int pattern_len[FAKE_SAMPLE_TYPES];
+    int samples_rc[FAKE_SAMPLE_TYPES]; /* samples.rc.<type>: that sampling type's own answer */
     unsigned int pattern[FAKE_SAMPLE_TYPES][FAKE_MAX_PATTERN];
     /* GPM: gpm=1 Hopper and newer */
     int gpm;
@@ -313,6 +314,7 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->pcie_gen = gp->pcie_gen_max = gp->pcie_width = gp->pcie_width_max = gp->pcie_replays = UNSET;
     gp->samples_period_ms = UNSET;
     gp->samples_capacity = 100;
+    for (int t = 0; t < FAKE_SAMPLE_TYPES; t++) gp->samples_rc[t] = UNSET;
     gp->rc_all = UNSET;
     for (int m = 0; m < FAKE_GPM_IDS; m++) {
         gp->gpm_dev.rc[m] = UNSET;
@@ -628,7 +630,11 @@ static int parse_health_key(fake_gpu_t *gp, const char *k, const char *v, const 
         gp->violation_ns[p] = num(v);
     } else if (strcmp(k, "samples.period_ms") == 0) gp->samples_period_ms = (long long)num(v);
     else if (strcmp(k, "samples.capacity") == 0) gp->samples_capacity = (long long)num(v);
-    else if (strncmp(k, "samples.", 8) == 0) {
+    else if (strncmp(k, "samples.rc.", 11) == 0) {
+        int t = name_index(k + 11, sample_type_names, FAKE_SAMPLE_TYPES);
+        if (t <= 0) warn_key(full);
+        else gp->samples_rc[t] = (int)num(v);
+    } else if (strncmp(k, "samples.", 8) == 0) {
         int t = name_index(k + 8, sample_type_names, FAKE_SAMPLE_TYPES);
         if (t <= 0) warn_key(full);
         else gp->pattern_len[t] = parse_pattern(v, gp->pattern[t]);
@@ -978,6 +984,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
     case 1: return "Uninitialized";
     case 2: return "Invalid Argument";
     case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
     case 7: return "Insufficient Size";
     case 9: return "Driver Not Loaded";
     case 15: return "GPU is lost";
@@ -1770,6 +1777,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetSamples(nvmlDevice_t device, nvmlSamplingType_t
     if (!sampleValType || !sampleCount) return leave(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int t = (unsigned int)type;
     if (gp->samples_period_ms <= 0 || t < 1 || t >= FAKE_SAMPLE_TYPES) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (gp->samples_rc[t] != UNSET) return leave((nvmlReturn_t)gp->samples_rc[t]);
     unsigned long long period = (unsigned long long)gp->samples_period_ms * 1000ULL;
     unsigned long long cap = gp->samples_capacity > 0 ? (unsigned long long)gp->samples_capacity : 0;
     unsigned long long newest = clock_us(CLOCK_MONOTONIC) / period;      /* the last k with ts <= now */

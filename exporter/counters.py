@@ -1,0 +1,120 @@
+"""Counters that never decrease while the exporter runs.
+
+Prometheus reads any decrease of a counter as a reset and rate() jumps by the whole value.
+Device counters restart on their own (energy, volatile ECC counts and the driver's other
+counters after a GPU reset or driver reload; busy seconds after an NVML re-init), and some
+wrap at their width (PCIe bytes). Two rules, applied once per refresh after the GPU workers
+returned:
+
+- Monotonic: per (device, family, labels) the raw value last seen and an offset; a raw value
+  below the last one is a restart, and the offset grows by that last value. The served value
+  is raw + offset, so increase() and rate() are right across a restart; the raw value the
+  driver shows is the served one minus the offset.
+- Unwrap: a counter the driver documents as wrapping, by the width of its value type. A
+  32-bit value below the last one wrapped once (more wraps between two refreshes cannot be
+  seen); a 64-bit one cannot wrap in practice, so a decrease there is a restart and is left
+  to Monotonic.
+
+Both are shared by every GPU worker: one lock each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Hashable, Iterable
+
+from .samples import GpuHealth, GpuSample, NvLinkSample
+
+Number = int | float
+
+
+class Monotonic:
+    """raw counter values -> values that never decrease (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, tuple[Number, Number]] = {}  # key -> (last raw, offset)
+
+    def value(self, key: Hashable, raw: Number) -> Number:
+        with self._lock:
+            last, offset = self._state.get(key, (raw, 0))
+            if raw < last:  # restarted lower: what was counted before stays counted
+                offset += last
+            self._state[key] = (raw, offset)
+        return raw + offset
+
+    def forget(self, device: str) -> None:
+        """A device that will never be served again: its state goes."""
+        with self._lock:
+            for key in [k for k in self._state if isinstance(k, tuple) and k and k[0] == device]:
+                del self._state[key]
+
+    def samples(self, samples: Iterable[GpuSample]) -> list[GpuSample]:
+        """The samples with every counter field made monotonic, per device."""
+        return [self._sample(s) if s.up else s for s in samples]
+
+    def _sample(self, s: GpuSample) -> GpuSample:
+        ident = s.identity
+        device = ident.uuid or ident.pci_bus_id or f"#index-{ident.index}"
+
+        def pairs(family: str, values: tuple[tuple[str, Number], ...]) -> tuple[tuple[str, Number], ...]:
+            return tuple((label, self.value((device, family, label), v)) for label, v in values)
+
+        changes: dict[str, object] = {
+            "busy_seconds": pairs("busy", s.busy_seconds),
+            "clock_event_seconds": pairs("clock_event", s.clock_event_seconds),
+            "pcie_bytes": pairs("pcie_bytes", s.pcie_bytes),
+        }
+        if s.energy_joules is not None:
+            changes["energy_joules"] = self.value((device, "energy"), s.energy_joules)
+        if s.pcie_replays is not None:
+            changes["pcie_replays"] = self.value((device, "pcie_replays"), s.pcie_replays)
+        if s.health is not None and s.health.ecc_errors:
+            changes["health"] = self._health(device, s.health)
+        if s.nvlinks:
+            changes["nvlinks"] = tuple(self._link(device, link) for link in s.nvlinks)
+        return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
+
+    def _health(self, device: str, health: GpuHealth) -> GpuHealth:
+        errors = tuple(
+            (kind, scope, self.value((device, "ecc", kind, scope), n)) for kind, scope, n in health.ecc_errors
+        )
+        return dataclasses.replace(health, ecc_errors=errors)  # type: ignore[arg-type]
+
+    def _link(self, device: str, link: NvLinkSample) -> NvLinkSample:
+        moved = tuple((d, self.value((device, "nvlink_bytes", link.link, d), n)) for d, n in link.bytes)
+        errors = tuple((t, self.value((device, "nvlink_errors", link.link, t), n)) for t, n in link.errors)
+        return dataclasses.replace(link, bytes=moved, errors=errors)  # type: ignore[arg-type]
+
+
+class Unwrap:
+    """A wrapping counter's raw values -> a running total (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, tuple[int, int | None, int]] = {}  # key -> (last raw, bits, total)
+
+    def value(self, key: Hashable, raw: int, bits: int | None) -> int:
+        """bits: the value type's width (None: not known, never unwrapped)."""
+        with self._lock:
+            state = self._state.get(key)
+            if state is None or state[1] != bits or bits is None or bits >= 64:
+                total = raw  # first value, another type, or a 64-bit restart (Monotonic's)
+            else:
+                last, _, total = state
+                total += raw - last if raw >= last else raw + (1 << bits) - last
+            self._state[key] = (raw, bits, total)
+        return total
+
+    def forget(self, device: str) -> None:
+        """A device that will never be read again (keys are (device, ...) tuples)."""
+        with self._lock:
+            for key in [k for k in self._state if isinstance(k, tuple) and k and k[0] == device]:
+                del self._state[key]
+
+    def forget(self, device: str) -> None:
+        """A device that will never be served again (keys are (device, ...)): its state goes."""
+        with self._lock:
+            for key in [k for k in self._state if isinstance(k, tuple) and k and k[0] == device]:
+                del self._state[key]
