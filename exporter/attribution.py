@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping, Protocol
 
 from .cgroups import ContainerRef
 from .kubernetes.deviceids import DeviceRef, normalise_pci, parse_device_id
 from .kubernetes.kubelet import KubeletState
-from .kubernetes.podlogs import ContainerName, PodName
-from .procfs import ProcReader
+from .kubernetes.podlogs import AMBIGUOUS, Names
+from .procfs import ProcessInfo
 from .samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 
 # Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI
@@ -30,7 +29,7 @@ _INDEXED_RESOURCES = ("nvidia.com/",)
 class _Devices:
     """The reading's GPUs, looked up the ways device plugins name them."""
 
-    def __init__(self, devices: Iterable[GpuSample]) -> None:
+    def __init__(self, devices: Iterable[GpuSample], last_migs: Mapping[str, tuple[str, ...]]) -> None:
         self.by_uuid: dict[str, GpuSample] = {}
         self.by_mig: dict[str, GpuSample] = {}
         self.by_index: dict[int, GpuSample] = {}
@@ -39,7 +38,8 @@ class _Devices:
             ident = d.identity
             if ident.uuid:
                 self.by_uuid[ident.uuid] = d
-            for mig in d.mig_uuids:
+            # a down GPU answers no MIG query: its MIG devices are the last ones it listed
+            for mig in d.mig_uuids if d.up else d.mig_uuids or last_migs.get(ident.uuid, ()):
                 self.by_mig[mig] = d
             if ident.index not in self.by_index or d.up:  # a vanished GPU keeps its last index
                 self.by_index[ident.index] = d
@@ -60,12 +60,15 @@ class _Devices:
         return None
 
 
-def allocations(reading: GpuReading | None, state: KubeletState) -> tuple[AllocationSample, ...]:
+def allocations(
+    reading: GpuReading | None, state: KubeletState, last_migs: Mapping[str, tuple[str, ...]] | None = None
+) -> tuple[AllocationSample, ...]:
     """One sample per container and device id that resolves to a GPU, duplicates (old
-    kubelets list terminal pods too) merged, sorted for stable output."""
+    kubelets list terminal pods too) merged, sorted for stable output. last_migs: GPU UUID ->
+    the MIG UUIDs it last listed while up (see known_migs), for the GPUs that are down now."""
     if reading is None:
         return ()
-    devices = _Devices(reading.devices)
+    devices = _Devices(reading.devices, last_migs or {})
     out: set[AllocationSample] = set()
     for a in state.allocations:
         ref = parse_device_id(a.device_id)
@@ -75,31 +78,55 @@ def allocations(reading: GpuReading | None, state: KubeletState) -> tuple[Alloca
     return tuple(sorted(out, key=lambda s: (s.gpu, s.uuid, s.namespace, s.pod, s.container, s.device_id)))
 
 
-@dataclass(frozen=True, slots=True)
-class Names:
-    """What the kubelet's log directories say: pods by UID, containers by id."""
-
-    pods: dict[str, PodName]
-    containers: dict[str, ContainerName]
+def known_migs(reading: GpuReading | None, last: Mapping[str, tuple[str, ...]]) -> Mapping[str, tuple[str, ...]]:
+    """GPU UUID -> its MIG UUIDs: an answering GPU's own list (empty with MIG off), a down
+    GPU's last known one; GPUs no longer in the reading are forgotten. A new mapping: the
+    caller swaps it in whole, so a concurrent reader never sees it half updated."""
+    if reading is None:
+        return last
+    out: dict[str, tuple[str, ...]] = {}
+    for d in reading.devices:
+        uuid = d.identity.uuid
+        if not uuid:
+            continue
+        migs = d.mig_uuids if d.up else d.mig_uuids or last.get(uuid, ())
+        if migs:
+            out[uuid] = migs
+    return out
 
 
 def _owner(ref: ContainerRef, names: Names | None) -> tuple[str, str, str]:
     """namespace, pod, container of a process's cgroup: by container id where the kubelet
-    linked its log, else the pod by UID (and its container only if it has just one)."""
+    linked its log into the directory of the cgroup's own pod UID, else the pod by UID (and
+    its container only if it has just one). A UID two pod directories carry names nothing."""
     if names is None or not ref.pod_uid:
         return "", "", ""
-    by_id = names.containers.get(ref.container_id) if ref.container_id else None
-    if by_id is not None:
-        return by_id.namespace, by_id.pod, by_id.container
     pod = names.pods.get(ref.pod_uid)
+    if pod == AMBIGUOUS:
+        return "", "", ""
+    by_id = names.containers.get(ref.container_id) if ref.container_id else None
+    if by_id is not None and by_id.pod_uid == ref.pod_uid:
+        return by_id.namespace, by_id.pod, by_id.container
     if pod is None:
         return "", "", ""
     return pod.namespace, pod.pod, pod.containers[0] if len(pod.containers) == 1 else ""
 
 
-def processes(reading: GpuReading | None, procs: ProcReader, names: Names | None) -> tuple[ProcessSample, ...]:
+def pids(reading: GpuReading | None) -> list[int]:
+    """The PIDs processes() will look up: those of every answering GPU's process list."""
+    if reading is None:
+        return []
+    return [p.pid for d in reading.devices if d.up and d.process_list is not None for p in d.process_list]
+
+
+class _Reader(Protocol):
+    def read(self, pid: int) -> ProcessInfo | None: ...
+
+
+def processes(reading: GpuReading | None, procs: _Reader, names: Names | None) -> tuple[ProcessSample, ...]:
     """The processes of every answering GPU with their owners. A process that exited since
-    the driver listed it is skipped. names: None with the kubernetes collector off."""
+    the driver listed it (or that procs has no answer for) is skipped. procs: a ProcReader, or
+    the Reads a DeadlineReader returned. names: None with the kubernetes collector off."""
     if reading is None:
         return ()
     out = []

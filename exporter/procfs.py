@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import threading
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 from .cgroups import ContainerRef, parse_cgroup
 
@@ -68,10 +70,11 @@ def _real_uid(status: str) -> int | None:
 class ProcReader:
     """Reads <root>/PID/{stat,status,cgroup} (comm where stat is unreadable). User names are
     cached per uid for the reader's lifetime: the lookup can go through NSS (LDAP, sssd), and
-    GPU jobs repeat their users."""
+    GPU jobs repeat their users. cgroup_root: the kubelet's --cgroup-root (see parse_cgroup)."""
 
-    def __init__(self, root: str = "/proc") -> None:
+    def __init__(self, root: str = "/proc", cgroup_root: str = "/") -> None:
         self._root = root
+        self._cgroup_root = cgroup_root
         self._users: dict[int, str] = {}
         # a container's processes share one cgroup text, and parsing it is most of a read
         self._cgroups: dict[str, ContainerRef] = {}
@@ -122,7 +125,7 @@ class ProcReader:
         if ref is None:
             if len(self._cgroups) >= _CGROUP_CACHE:
                 self._cgroups.clear()  # bounded: containers come and go
-            ref = self._cgroups[cgroup] = parse_cgroup(cgroup)
+            ref = self._cgroups[cgroup] = parse_cgroup(cgroup, self._cgroup_root)
         return ref
 
     def _user(self, uid: int | None) -> str:
@@ -142,3 +145,58 @@ def _lookup_user(uid: int) -> str:
         return name
     except (KeyError, OverflowError, ValueError):  # UnicodeEncodeError is a ValueError
         return str(uid)
+
+
+class Reads(dict[int, ProcessInfo | None]):
+    """What one round of reads found, by PID; read() as ProcReader's (None: gone or not read)."""
+
+    def read(self, pid: int) -> ProcessInfo | None:
+        return self.get(pid)
+
+
+class DeadlineReader:
+    """ProcReader.read for many PIDs on a thread of its own (resmon-procfs), waited for until
+    the caller's deadline: a procfs read that blocks (a hung FUSE or network mount as
+    --path.procfs, a FIFO where a file should be) costs the processes, never the scrape.
+
+    One round at a time: while a round is stuck in a read, a caller starts none (threads do
+    not pile up) and does not wait; it gets what that round has read so far. A round that
+    ends after its caller gave up still fills ProcReader's cache, so the next is quicker."""
+
+    def __init__(self, reader: ProcReader) -> None:
+        self._reader = reader
+        self._cond = threading.Condition()
+        self._found = Reads()
+        self._running = False
+
+    def read_all(self, pids: Iterable[int], until: float) -> tuple[Reads, bool]:
+        """The processes read before until (monotonic), and whether every PID was read."""
+        wanted = tuple(dict.fromkeys(pids))
+        if not wanted:
+            return Reads(), True
+        with self._cond:
+            if not self._running:
+                found = self._found = Reads()
+                self._running = True
+                threading.Thread(target=self._run, args=(wanted, found), name="resmon-procfs", daemon=True).start()
+                # done: not running, or another caller's round replaced it (only after it ended)
+                while self._running and self._found is found:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                if not self._running or self._found is not found:
+                    return Reads(found), True
+            # cut off, or a round still stuck from before: what was read in time
+            return Reads({p: self._found[p] for p in wanted if p in self._found}), False
+
+    def _run(self, wanted: tuple[int, ...], found: Reads) -> None:
+        try:
+            for pid in wanted:
+                info = self._reader.read(pid)
+                with self._cond:
+                    found[pid] = info
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()

@@ -5,7 +5,9 @@ format every label set afresh on every scrape; at a few thousand samples that is
 cold scrape. This renderer writes the same bytes for the families the exporter serves
 (names of the legacy character set, no exemplars, timestamps or OpenMetrics-only samples),
 with each label set rendered once and reused while the device (its label values) stays the
-same. A family outside that fast path is handed to prometheus_client's own encoder, so the
+same. A label set unused for a generation (_GENERATION renders) is forgotten: per-process
+label sets never repeat under PID churn, and a cache that kept them grew RSS by about
+1.4 KiB each. A family outside that fast path is handed to prometheus_client's own encoder, so the
 output stays what prometheus_client would write for any input (tests/test_render.py compares
 the two on randomised families).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any, Callable, Iterable
 
 from prometheus_client.exposition import generate_latest as _text_latest
@@ -29,7 +32,8 @@ _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 # sets go to prometheus_client: none of the exporter's own families is one)
 _TEXT_TYPES = {"counter": "counter", "gauge": "gauge", "info": "gauge", "unknown": "untyped", "untyped": "untyped"}
 _OM_ONLY = ("_created", "_gsum", "_gcount")  # samples prometheus_client moves or renames in text
-_CACHE_LIMIT = 20000  # label sets kept; a fleet of devices and processes stays well under it
+_CACHE_LIMIT = 20000  # label sets of one generation at most: a backstop, a host stays well under it
+_GENERATION = 8  # renders per generation: a label set unused for 8-16 renders is dropped
 _INF, _MINUS_INF = math.inf, -math.inf
 
 
@@ -58,20 +62,39 @@ class Renderer:
     is checked once, when it is first rendered). Safe to share between threads."""
 
     def __init__(self) -> None:
-        self._labels: dict[tuple[tuple[str, str], ...], str] = {}
+        # two generations: a hit in the old one moves to the young one; every _GENERATION
+        # renders the young one becomes the old and what was left in the old is dropped.
+        # Each dict operation is atomic; a label string lost to a concurrent swap is rebuilt.
+        self._young: dict[tuple[tuple[str, str], ...], str] = {}
+        self._old: dict[tuple[tuple[str, str], ...], str] = {}
+        self._renders = 0
+        self._swap = threading.Lock()
         self._names: dict[str, bool] = {}
+
+    def cached_label_sets(self) -> int:
+        """How many label strings are cached (both generations)."""
+        return len(self._young) + len(self._old)
+
+    def _rendered(self) -> None:
+        with self._swap:
+            self._renders += 1
+            if self._renders % _GENERATION == 0:
+                self._old, self._young = self._young, {}
 
     def _labelstr(self, labels: dict[str, str]) -> str:
         key = tuple(labels.items())
-        text = self._labels.get(key)
+        young = self._young
+        text = young.get(key)
         if text is None:
-            for k, v in key:
-                if not isinstance(k, str) or not _LABEL.match(k) or k.startswith("__") or not isinstance(v, str):
-                    raise _Slow(k)
-            if len(self._labels) >= _CACHE_LIMIT:
-                self._labels.clear()  # devices and processes came and went: start afresh
-            text = "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(key)) + "}"
-            self._labels[key] = text
+            text = self._old.get(key)
+            if text is None:
+                for k, v in key:
+                    if not isinstance(k, str) or not _LABEL.match(k) or k.startswith("__") or not isinstance(v, str):
+                        raise _Slow(k)
+                text = "{" + ",".join(f'{k}="{_value(v)}"' for k, v in sorted(key)) + "}"
+            if len(young) >= _CACHE_LIMIT:
+                young.clear()  # more label sets in one generation than a host has: start afresh
+            young[key] = text
         return text
 
     def _legacy(self, name: Any) -> bool:
@@ -114,6 +137,7 @@ class Renderer:
             doc = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
             out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TEXT_TYPES[metric.type]}\n")
             out.extend(lines)
+        self._rendered()
         return "".join(out).encode("utf-8")
 
     def openmetrics(self, metrics: Iterable[Metric]) -> bytes:
@@ -134,6 +158,7 @@ class Renderer:
                 out.append(f"# UNIT {name} {metric.unit}\n")
             out.extend(lines)
         out.append("# EOF\n")
+        self._rendered()
         return "".join(out).encode("utf-8")
 
 

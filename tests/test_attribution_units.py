@@ -8,7 +8,7 @@ from pathlib import Path
 
 from exporter import attribution
 from exporter.kubernetes.kubelet import KubeletState
-from exporter.kubernetes.podlogs import ContainerName, PodName
+from exporter.kubernetes.podlogs import ContainerName, PodName, container_names, pod_names
 from exporter.kubernetes.podresources import Allocation
 from exporter.process_collector import allocation_families, process_families
 from exporter.procfs import ProcReader
@@ -49,7 +49,7 @@ def test_owner_labels_from_cgroup_and_the_kubelets_logs(tmp_path: Path):
     proc = procfs_tree(tmp_path, {me: systemd_containerd(UID, CID)})
     r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 5, (("sm", 0.5),)), GpuProcess(2**22 + 7, 1))))
     pods = {UID: PodName("ml", "train", ("a", "b")), UID2: PodName("x", "y", ("z",))}
-    names = attribution.Names(pods, {CID: ContainerName("ml", "train", "b")})
+    names = attribution.Names(pods, {CID: ContainerName("ml", "train", "b", UID)})
     rows = attribution.processes(r, ProcReader(str(proc)), names)
     assert len(rows) == 1  # the PID that does not exist is skipped
     row = rows[0]
@@ -100,3 +100,54 @@ def test_group_by_container_sums_and_clamps():
 def test_off_means_no_families():
     assert list(process_families(None, "process", 64)) == [] and list(allocation_families(None)) == []
     assert [f.name for f in allocation_families(())] == ["resmon_gpu_allocation_info"]
+
+
+def test_a_process_naming_a_victims_pod_in_its_own_cgroup_is_not_summed_into_it(tmp_path: Path):
+    """A user's delegated subtree can hold a cgroup named like any pod and container
+    (issue 22, 15): with group-by=container its VRAM must not join the victim's series."""
+    me, other = os.getpid(), os.getppid()
+    victim = systemd_containerd(UID, CID)
+    spoof = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/" + victim[len("0::/"):]
+    proc = procfs_tree(tmp_path, {me: victim, other: spoof})
+    r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 100), GpuProcess(other, 7))))
+    names = attribution.Names({UID: PodName("ml", "train", ("trainer",))}, {CID: ContainerName("ml", "train", "trainer", UID)})
+    rows = {p.pid: p for p in attribution.processes(r, ProcReader(str(proc)), names)}
+    assert (rows[other].pod_uid, rows[other].container_id, rows[other].pod) == ("", "", "")
+    mem = {(l["pod_uid"], l["pod"]): v for l, v in series(process_families(tuple(rows.values()), "container", 64),
+                                                          "resmon_gpu_process_memory_used_bytes")}
+    assert mem == {(UID, "train"): 100, ("", ""): 7}
+
+
+def test_a_container_link_counts_only_into_the_cgroups_pod(tmp_path: Path):
+    """A link naming the process's container id but pointing into another pod's directory
+    does not override the pod UID of the process's own cgroup (issue 22, 19)."""
+    me = os.getpid()
+    proc = procfs_tree(tmp_path / "proc", {me: systemd_containerd(UID, CID)})
+    links = tmp_path / "containers"
+    links.mkdir()
+    (links / f"db-0_prod_postgres-{CID}.log").symlink_to(f"/var/log/pods/prod_db-0_{UID2}/postgres/0.log")
+    r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 5),)))
+    pods = {UID: PodName("ml", "train", ("a", "b")), UID2: PodName("prod", "db-0", ("postgres",))}
+    row = attribution.processes(r, ProcReader(str(proc)), attribution.Names(pods, container_names(str(links))))[0]
+    assert (row.pod_uid, row.namespace, row.pod, row.container) == (UID, "ml", "train", "")
+    # into its own pod's directory: the link names the container
+    (links / f"db-0_prod_postgres-{CID}.log").unlink()
+    (links / f"train_ml_b-{CID}.log").symlink_to(f"/var/log/pods/ml_train_{UID}/b/0.log")
+    row = attribution.processes(r, ProcReader(str(proc)), attribution.Names(pods, container_names(str(links))))[0]
+    assert (row.namespace, row.pod, row.container) == ("ml", "train", "b")
+
+
+def test_an_ambiguous_pod_uid_names_nothing(tmp_path: Path):
+    """Two pod log directories with the process's UID: no names, even through a container link."""
+    me = os.getpid()
+    proc = procfs_tree(tmp_path / "proc", {me: systemd_containerd(UID, CID)})
+    logs = tmp_path / "pods"
+    for d in (f"ml_train_{UID}", f"zz_evil_{UID}"):
+        (logs / d / "b").mkdir(parents=True)
+    links = tmp_path / "containers"
+    links.mkdir()
+    (links / f"evil_zz_b-{CID}.log").symlink_to(f"/var/log/pods/zz_evil_{UID}/b/0.log")
+    r = reading(gpu(0, G0, "", process_list=(GpuProcess(me, 5),)))
+    names = attribution.Names(pod_names(str(logs)), container_names(str(links)))
+    row = attribution.processes(r, ProcReader(str(proc)), names)[0]
+    assert (row.pod_uid, row.namespace, row.pod, row.container) == (UID, "", "", "")

@@ -114,7 +114,10 @@ CASES: dict[str, tuple[str, ContainerRef]] = {
         ),
         ContainerRef(CID, UID, "besteffort"),
     ),
-    "kind-cgroupfs-inside-node-container": (f"0::/docker/{NODE}/kubepods/burstable/pod{UID}/{CID}\n", burstable()),
+    # a kubelet nested in a node container, seen from outside the node: kubepods below a
+    # container's cgroup is not where a kubelet of this host puts it (and the node's own
+    # view, relative to its cgroup namespace, is the row above)
+    "kind-cgroupfs-seen-from-the-host": (f"0::/docker/{NODE}/kubepods/burstable/pod{UID}/{CID}\n", HOST),
     # static pods: the UID is the 32-hex config hash, kept as is
     "static-pod-systemd": (
         f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC}.slice/crio-{CID}.scope\n",
@@ -162,17 +165,15 @@ CASES: dict[str, tuple[str, ContainerRef]] = {
     "only-colons": ("::\n:::::\n", HOST),
     "short-hex-is-no-id": (f"0::/docker/{CID[:63]}\n", HOST),
     "long-hex-is-no-id": (f"0::/docker/{CID}0\n", HOST),
-    "longer-uid-is-no-pod": (f"0::/kubepods/burstable/pod{UID}0/{CID}\n", ContainerRef(CID)),
-    "longer-static-hash-is-no-pod": (f"0::/kubepods/burstable/pod{STATIC}0/{CID}\n", ContainerRef(CID)),
+    # not a pod where the kubelet puts one: nothing of the path is trusted
+    "longer-uid-is-no-pod": (f"0::/kubepods/burstable/pod{UID}0/{CID}\n", HOST),
+    "longer-static-hash-is-no-pod": (f"0::/kubepods/burstable/pod{STATIC}0/{CID}\n", HOST),
     "word-ending-in-pod-is-no-pod": (
         f"0::/kubepods.slice/kubepods-burstable.slice/ipod{UID_}.slice/crio-{CID}.scope\n",
-        ContainerRef(CID),
+        HOST,
     ),
-    "qos-word-before-kubepods-is-not-the-qos": (
-        f"0::/burstable.slice/kubepods/pod{UID}/{CID}\n",
-        ContainerRef(CID, UID, "guaranteed"),
-    ),
-    "short-uid-is-no-pod": (f"0::/kubepods/burstable/pod{UID[:-1]}/{CID}\n", ContainerRef(CID)),
+    "kubepods-below-another-slice": (f"0::/burstable.slice/kubepods/pod{UID}/{CID}\n", HOST),
+    "short-uid-is-no-pod": (f"0::/kubepods/burstable/pod{UID[:-1]}/{CID}\n", HOST),
     "replacement-characters": ("\ufffd\ufffd:\x00:\ufffd\n", HOST),
 }
 
@@ -187,10 +188,80 @@ def test_pod_uid_is_lower_case_even_when_the_path_is_not() -> None:
     assert ref == burstable()
 
 
-def test_container_after_the_pod_wins_over_one_before_it() -> None:
-    # a nested kubelet's node container precedes the pod; the workload's id follows it
-    ref = parse_cgroup(f"0::/system.slice/docker-{NODE}.scope/kubepods/pod{UID}/{CID}\n")
-    assert ref == ContainerRef(CID, UID, "guaranteed")
+VICTIM = "0b9c5e1a-2f3d-4c6b-8a7e-9d0f1e2c3b4a"  # a pod on the node that some process pretends to be
+VICTIM_ = VICTIM.replace("-", "_")
+VICTIM_SLICE = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + VICTIM_ + ".slice"
+USER_UNIT = "/user.slice/user-1000.slice/user@1000.service"  # systemd delegates this subtree to uid 1000
+
+# Cgroups that anyone with a delegated subtree can create (systemd user delegation, rootless
+# podman, a container writing its own cgroup): named like the victim's pod and container.
+SPOOFS: dict[str, tuple[str, ContainerRef]] = {
+    "user-delegation-systemd-shape": (f"0::{USER_UNIT}/app.slice/{VICTIM_SLICE}/cri-containerd-{CID}.scope\n", HOST),
+    "user-delegation-at-the-unit": (f"0::{USER_UNIT}/{VICTIM_SLICE}/cri-containerd-{CID}.scope\n", HOST),
+    "user-delegation-cgroupfs-shape": (f"0::{USER_UNIT}/kubepods/burstable/pod{VICTIM}/{CID}\n", HOST),
+    "user-delegation-v1-colon-shape": (
+        v1(f"{USER_UNIT}/kubepods-burstable-pod{VICTIM_}.slice:cri-containerd:{CID}"), HOST,
+    ),
+    "rootless-podman-inner-cgroups": (
+        f"0::{USER_UNIT}/user.slice/libpod-{ALT}.scope/container/kubepods/pod{VICTIM}/{CID}\n", HOST,
+    ),
+    "system-service-subtree": (f"0::/system.slice/myjob.service/{VICTIM_SLICE}/cri-containerd-{CID}.scope\n", HOST),
+    "docker-container-subtree": (f"0::/system.slice/docker-{ALT}.scope/kubepods/pod{VICTIM}/{CID}\n", HOST),
+    "slice-not-named-after-its-parent": (
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-burstable-pod{VICTIM_}.slice/crio-{CID}.scope\n",
+        HOST,
+    ),
+    "relative-path-into-a-user-subtree": (f"0::/../../..{USER_UNIT}/{VICTIM_SLICE}/crio-{CID}.scope\n", HOST),
+    # a pod's own container creating cgroups inside its cgroup: still that pod and container
+    "inside-a-real-pods-container-systemd": (
+        f"0::{SLICE}/cri-containerd-{ALT}.scope/{VICTIM_SLICE}/cri-containerd-{CID}.scope\n",
+        ContainerRef(ALT, UID, "burstable"),
+    ),
+    "inside-a-real-pods-container-cgroupfs": (
+        f"0::/kubepods/burstable/pod{UID}/{ALT}/kubepods/pod{VICTIM}/{CID}\n",
+        ContainerRef(ALT, UID, "burstable"),
+    ),
+    "inside-a-real-pods-container-relative": (
+        f"0::/../../kubepods-burstable-pod{UID_}.slice/cri-containerd-{ALT}.scope/{VICTIM_SLICE}/crio-{CID}.scope\n",
+        ContainerRef(ALT, UID, "burstable"),
+    ),
+    "below-conmon-is-no-container": (
+        f"0::{BESTEFFORT_SLICE}/crio-conmon-{ALT}.scope/crio-{CID}.scope\n", ContainerRef("", UID, "besteffort"),
+    ),
+}
+
+
+@pytest.mark.parametrize("text, expected", SPOOFS.values(), ids=SPOOFS.keys())
+def test_a_pod_only_where_the_kubelet_puts_it(text: str, expected: ContainerRef) -> None:
+    assert parse_cgroup(text) == expected
+
+
+def test_pod_at_the_relative_levels_of_the_kubelets_tree() -> None:
+    """A reader in a cgroup namespace inside the kubelet's tree: the part after ".." starts
+    at the level of the common ancestor."""
+    pod_slice = f"kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope"
+    assert parse_cgroup(f"0::/../../{pod_slice}\n") == burstable()
+    assert parse_cgroup(f"0::/../../../kubepods-burstable.slice/{pod_slice}\n") == burstable()
+    assert parse_cgroup(f"0::/../../../../kubepods.slice/kubepods-burstable.slice/{pod_slice}\n") == burstable()
+    assert parse_cgroup(f"0::/../../kubepods/burstable/pod{UID}/{CID}\n") == burstable()
+    assert parse_cgroup(f"0::/../../burstable/pod{UID}/{CID}\n") == burstable()
+    assert parse_cgroup(f"0::/../kubepods.slice/kubepods-burstable.slice/{pod_slice}\n") == burstable()
+    # kind's kubelet below kubelet.slice, seen from beside that slice
+    kind = f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/crio-{CID}.scope"
+    assert parse_cgroup(f"0::/../../{kind}\n") == ContainerRef(CID, UID, "guaranteed")
+    # but not below anything else
+    assert parse_cgroup(f"0::/../../a.slice/{kind}\n") == HOST
+    assert parse_cgroup(f"0::/../../x.service/kubepods.slice/kubepods-pod{UID_}.slice/crio-{CID}.scope\n") == HOST
+
+
+def test_the_kubelets_cgroup_root() -> None:
+    """--cgroup-root: the kubelet's tree starts below it; elsewhere it is no pod."""
+    text = f"0::/resmon-test/kubepods/burstable/pod{UID}/{CID}\n"
+    assert parse_cgroup(text) == HOST
+    assert parse_cgroup(text, cgroup_root="/resmon-test") == burstable()
+    assert parse_cgroup(text, cgroup_root="/resmon-test/") == burstable()
+    assert parse_cgroup(f"0::/kubepods/burstable/pod{UID}/{CID}\n", cgroup_root="/resmon-test") == HOST
+    assert parse_cgroup(f"0::/system.slice/docker-{CID}.scope\n", cgroup_root="/resmon-test") == ContainerRef(CID)
 
 
 @settings(deadline=None)

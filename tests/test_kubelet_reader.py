@@ -162,3 +162,50 @@ def test_no_thread_left_is_a_failed_list_not_an_exception(kubelet, log, monkeypa
     assert state is not None and not state.success
     monkeypatch.undo()
     until(lambda: reader.read(1.0).success)
+
+
+def test_a_file_fifo_or_directory_at_the_socket_path_is_warned_once_by_name(tmp_path, log):
+    """Something that is not a socket at the path: still no kubelet, but one warning that
+    names the path and what is there, not silence."""
+    (tmp_path / "dir.sock").mkdir()
+    (tmp_path / "file.sock").write_text("")
+    os.mkfifo(tmp_path / "fifo.sock")
+    for name, kind in (("dir.sock", "directory"), ("file.sock", "regular file"), ("fifo.sock", "FIFO")):
+        path = str(tmp_path / name)
+        before = len(log[1].records)
+        reader = KubeletReader(path, 0.0, 1.0, log[0])
+        for _ in range(3):
+            assert reader.read(0.1) is None
+        warnings = [r for r in log[1].records[before:] if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        found = warnings[0].resmon_fields
+        assert found["socket"] == path and found["found"] == kind, found
+    (tmp_path / "gone.sock").write_text("")
+    reader = KubeletReader(str(tmp_path / "gone.sock"), 0.0, 1.0, log[0])
+    before = len(log[1].records)
+    os.unlink(tmp_path / "gone.sock")
+    assert reader.read(0.1) is None  # nothing there: the bare host's normal case, silent
+    assert not [r for r in log[1].records[before:] if r.levelno == logging.WARNING]
+
+
+def test_start_imports_grpc_where_the_socket_exists_not_on_the_first_list(kubelet):
+    """The first List must not pay grpc's import (about 0.1 s, the whole kubelet wait of a
+    refresh) under load: the monitor imports it at start when the socket exists, and never
+    without the socket (the bare host saves its memory)."""
+    kubelet.start()
+    code = (
+        "import sys\n"
+        "from exporter.monitor import ResourceMonitor\n"
+        "m = ResourceMonitor(collect_gpu=False, pod_resources_socket=sys.argv[1])\n"
+        "m.start()\n"
+        "print('grpc' in sys.modules)\n"
+        "m.close()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import subprocess
+    import sys
+
+    for path, imported in ((kubelet.socket_path, "True"), (kubelet.socket_path + ".missing", "False")):
+        result = subprocess.run([sys.executable, "-c", code, path], cwd=root, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == imported, (path, result.stdout, result.stderr)

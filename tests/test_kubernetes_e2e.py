@@ -38,6 +38,14 @@ def allocations(s) -> set[tuple[str, ...]]:
     return {(l["gpu"], l["uuid"], l["namespace"], l["pod"], l["container"], l["resource"], l["device_id"]) for l, v in s.series(INFO)}
 
 
+def until_allocations(exporter) -> Scrape:
+    """The first scrape whose kubelet List has answered: the first List runs beside start-up
+    and a scrape waits for it only briefly (0.1 s), so under load the first scrape may
+    precede it. Waits for the answer, not for a fixed moment."""
+    return exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="kubernetes")
+                             and s.value("resmon_collector_success", collector="kubernetes") == 1 and bool(s.series(INFO)), timeout=30)
+
+
 def test_no_socket_no_kubernetes_series(run_exporter, scenario):
     scenario.write(two_gpus())
     s = run_exporter("--kubernetes.pod-resources-socket=/nonexistent/kubelet.sock").scrape()
@@ -56,7 +64,7 @@ def test_exclusive_shared_mig_and_foreign_device_ids(run_exporter, scenario, kub
         Pod("ml", "no-gpu", [Container("app", [])]),
     ]
     kubelet.start()
-    s = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    s = until_allocations(run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}"))
     assert allocations(s) == {
         ("0", G0, "ml", "train-0", "trainer", "nvidia.com/gpu", G0 + "::0"),
         ("0", G0, "ml", "train-1", "trainer", "nvidia.com/gpu", G0 + "::1"),
@@ -70,7 +78,7 @@ def test_index_and_exclusive_uuid_ids(run_exporter, scenario, kubelet):
     scenario.write(two_gpus())
     kubelet.pods = [pod("a", "p0", "c", "nvidia.com/gpu", G0), pod("b", "p1", "c", "nvidia.com/gpu", "1")]
     kubelet.start()
-    s = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}").scrape()
+    s = until_allocations(run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}"))
     assert allocations(s) == {("0", G0, "a", "p0", "c", "nvidia.com/gpu", G0), ("1", G1, "b", "p1", "c", "nvidia.com/gpu", "1")}
 
 
@@ -207,3 +215,35 @@ def test_the_first_list_starts_with_the_exporter(run_exporter, scenario, kubelet
     while kubelet.calls == 0 and time.monotonic() < deadline:  # no scrape has been made
         time.sleep(0.05)
     assert kubelet.calls == 1
+
+
+def test_mig_pods_keep_their_allocation_while_their_gpu_is_down(run_exporter, scenario, kubelet):
+    # a down GPU's sample carries no MIG UUIDs (nothing answers): "which pods are on the broken
+    # GPU" is asked exactly then, so MIG ids resolve against the GPU's last known MIG devices
+    scenario.write(two_gpus(**{"gpu.1.mig_uuids": f"{MIG_A},{MIG_B}"}))
+    kubelet.pods = [pod("web", "infer", "server", "nvidia.com/mig-1g.10gb", MIG_B),
+                    pod("ml", "train", "trainer", "nvidia.com/gpu", G0)]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--collect.cache-ttl=0")
+    want = {("1", G1, "web", "infer", "server", "nvidia.com/mig-1g.10gb", MIG_B),
+            ("0", G0, "ml", "train", "trainer", "nvidia.com/gpu", G0)}
+    exporter.wait_for(lambda s: allocations(s) == want)
+    scenario.update(**{"gpu.1.rc.all": 15})  # GPU_IS_LOST on every call of GPU 1
+    s = exporter.wait_for(lambda s: s.value("resmon_gpu_up", gpu="1") == 0)
+    assert allocations(s) == want
+    scenario.update(**{"gpu.1.rc.all": None, "gpu.1.mig_uuids": MIG_A})  # back, MIG_B destroyed meanwhile
+    s = exporter.wait_for(lambda s: s.value("resmon_gpu_up", gpu="1") == 1)
+    assert allocations(s) == {("0", G0, "ml", "train", "trainer", "nvidia.com/gpu", G0)}
+
+
+def test_allocation_series_are_capped_per_gpu_like_processes(run_exporter, scenario, kubelet):
+    """50,000 replicas of one GPU must not become 50,000 series: at most
+    --collector.processes.max-per-gpu allocation series per GPU, the first in label order."""
+    scenario.write(two_gpus())
+    kubelet.pods = [pod("ml", f"p{i:02d}", "c", "nvidia.com/gpu", f"{G0}::{i}") for i in range(10)]
+    kubelet.pods.append(pod("ml", "other", "c", "nvidia.com/gpu", G1))
+    kubelet.start()
+    s = until_allocations(run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}",
+                                       "--collector.processes.max-per-gpu=3"))
+    got = sorted((gpu, name) for gpu, _, _, name, *_ in allocations(s))
+    assert got == [("0", "p00"), ("0", "p01"), ("0", "p02"), ("1", "other")], got

@@ -26,7 +26,7 @@ from fake_kubelet import (
     short_socket_dir,
 )
 
-from exporter.kubernetes.deviceids import parse_device_id
+from exporter.kubernetes.deviceids import HostGpus, parse_device_id
 from exporter.kubernetes.podresources import (
     MAX_RECEIVE_BYTES,
     Allocation,
@@ -157,25 +157,50 @@ def many_pods(count: int, ids_per_pod: int = 8) -> list[Pod]:
     ]
 
 
-def test_a_response_over_grpcs_default_4_mib(kubelet: FakeKubelet) -> None:
-    pods = many_pods(15_000)
+def test_a_response_up_to_the_receive_limit(kubelet: FakeKubelet) -> None:
+    pods = many_pods(9_000)
     size = list_response(pods).ByteSize()
-    assert 4 * 2**20 < size < MAX_RECEIVE_BYTES
+    assert 3 * 2**20 < size < MAX_RECEIVE_BYTES
     kubelet.pods = pods
     allocations = list_allocations(kubelet.socket_path, 10.0)
-    assert len(allocations) == 15_000 * 8
+    assert len(allocations) == 9_000 * 8
     assert allocations[0] == Allocation(
         "team-00", "train-job-000000-worker", "main", "nvidia.com/gpu", pods[0].containers[0].devices[0].ids[0]
     )
-    assert allocations[-1].pod == "train-job-014999-worker" and allocations[-1].device_id.endswith("::7")
+    assert allocations[-1].pod == "train-job-008999-worker" and allocations[-1].device_id.endswith("::7")
 
 
-def test_a_response_over_16_mib_is_refused(kubelet: FakeKubelet) -> None:
-    pods = many_pods(2_500, ids_per_pod=160)
-    assert list_response(pods).ByteSize() > MAX_RECEIVE_BYTES
+def test_a_response_over_4_mib_is_refused(kubelet: FakeKubelet) -> None:
+    """The receive limit fits the DaemonSet's 256Mi memory limit (an answer costs a multiple
+    of its size while it is decoded): 4 MiB, not the kubelet client's 16 MiB."""
+    pods = many_pods(15_000)
+    assert 4 * 2**20 < list_response(pods).ByteSize() < 16 * 2**20
     kubelet.pods = pods
     message, _ = failure(kubelet.socket_path, 10.0)
-    assert "RESOURCE_EXHAUSTED" in message
+    assert "RESOURCE_EXHAUSTED" in message and "4 MiB" in message
+
+
+def test_only_allocations_of_this_hosts_gpus_are_kept_while_decoding(kubelet: FakeKubelet) -> None:
+    host = HostGpus(uuids=frozenset({GPU_A}), mig_uuids=frozenset({MIG}), indices=frozenset({0, 1}),
+                    pci=frozenset({"0000:07:00.0"}))
+    kubelet.pods = [
+        gpu_pod("ml", "a", "c", "nvidia.com/gpu", GPU_A, f"{GPU_A}::3", GPU_B, "GPU-3"),  # GPU_B, GPU-3: not here
+        gpu_pod("ml", "mig", "c", "nvidia.com/mig-1g.10gb", MIG, "MIG-99999999-0000-4000-8000-000000000000"),
+        gpu_pod("ml", "idx", "c", "nvidia.com/gpu", "1", "7"),  # index 7: no such GPU
+        gpu_pod("net", "sriov", "c", "intel.com/sriov", *(f"0000:3b:02.{f}" for f in range(8))),  # NIC VFs
+        gpu_pod("x", "foo", "c", "example.com/foo", "0"),  # an index under a resource that is not a GPU
+        gpu_pod("rocm", "b", "c", "amd.com/gpu", "07:00.0-slice-1"),
+    ]
+    assert list_allocations(kubelet.socket_path, TIMEOUT, keep=host.names) == (
+        Allocation("ml", "a", "c", "nvidia.com/gpu", GPU_A),
+        Allocation("ml", "a", "c", "nvidia.com/gpu", f"{GPU_A}::3"),
+        Allocation("ml", "mig", "c", "nvidia.com/mig-1g.10gb", MIG),
+        Allocation("ml", "idx", "c", "nvidia.com/gpu", "1"),
+        Allocation("rocm", "b", "c", "amd.com/gpu", "07:00.0-slice-1"),
+    )
+    # before the first GPU read no GPU is known: every id that names a GPU is kept, no other
+    kept = {a.pod for a in list_allocations(kubelet.socket_path, TIMEOUT, keep=HostGpus().names)}
+    assert kept == {"a", "mig", "idx", "b", "sriov"}  # a PCI address could be a GPU's until one is known
 
 
 # -- a failing kubelet ------------------------------------------------------------------------------

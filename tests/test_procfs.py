@@ -21,6 +21,7 @@ import pytest
 from exporter.cgroups import ContainerRef, parse_cgroup
 from exporter import procfs
 from exporter.procfs import ProcReader
+from fakenvml import Scrape
 
 REPO = Path(__file__).resolve().parents[1]
 UID = "1234abcd-5678-90ef-a1b2-c3d4e5f60718"
@@ -407,11 +408,14 @@ def in_kubepods(cgroup2: Cgroup2, trainer: subprocess.Popen[bytes]) -> None:
 @as_root
 def test_real_kernel_kubepods_cgroup(cgroup2: Cgroup2, trainer: subprocess.Popen[bytes]) -> None:
     in_kubepods(cgroup2, trainer)
-    info = ProcReader().read(trainer.pid)
+    # the tree is below the test's own cgroup: a kubelet would be run with that --cgroup-root
+    info = ProcReader(cgroup_root="/" + cgroup2.top.name).read(trainer.pid)
+    spoof = ProcReader().read(trainer.pid)  # without it, kubepods below another cgroup is no pod
     stop(trainer)
-    assert info is not None
+    assert info is not None and spoof is not None
     assert info.comm == "gputrainer"
     assert info.container == ContainerRef(container_id=CID, pod_uid=UID, qos="burstable")
+    assert spoof.container == ContainerRef()
 
 
 def read_from_namespace(namespace_root: Path, pid: int) -> dict[str, object]:
@@ -484,3 +488,44 @@ def test_the_cgroup_parse_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.M
         info = reader.read(me)
         assert info is not None and info.container.container_id == cid[:64]  # never a stale parse
         assert len(reader._cgroups) <= 2
+
+
+# -- a procfs that blocks costs the processes, never the GPU collector (issue 22, 16) ----------
+
+
+def test_a_procfs_read_that_blocks_costs_the_processes_never_the_gpu(run_exporter, scenario, workloads, tmp_path):
+    """A process whose stat blocks (here a FIFO without a writer; a hung FUSE or network
+    mount as --path.procfs does the same): the scrape answers within its deadline with the GPU
+    collector successful, the processes collector failed, and the processes read in time."""
+    from fakenvml import GIB
+    from scenarios import board_uuid
+    from workloads import HOST, procfs_tree
+
+    fine, stuck = workloads.start("trainer"), workloads.start("infer")
+    proc = procfs_tree(tmp_path / "proc", {fine: HOST, stuck: HOST})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    os.link(fifo, proc / str(stuck) / "stat")  # the same FIFO under a second name, to unblock it below
+    scenario.write({"count": 1, "gpu.0.uuid": board_uuid("hopper", 0), "gpu.0.processes": f"{fine}:{GIB},{stuck}:{GIB}"})
+    exporter = run_exporter("--collector.processes", f"--path.procfs={proc}", "--collect.timeout=3s", "--collect.cache-ttl=0")
+    try:
+        for _ in range(3):  # the stuck round is not waited for again, nor are threads piled up
+            status, _, body = exporter.request("/metrics", timeout=15)
+            assert status == 200
+            s = Scrape(body.decode())
+            assert s.value("resmon_collector_success", collector="gpu") == 1
+            assert s.value("resmon_gpu_up", gpu="0") == 1
+            assert s.value("resmon_collector_success", collector="processes") == 0
+            assert not s.has("resmon_gpu_process_memory_used_bytes", pid=str(stuck))
+            assert s.value("resmon_gpu_process_memory_used_bytes", pid=str(fine)) == GIB  # read before it
+        # the mount recovers: the stuck read returns, the next rounds read a plain file
+        (tmp_path / "stat").write_text(f"{stuck} (infer) S " + " ".join(["1"] * 49) + "\n")
+        os.replace(tmp_path / "stat", proc / str(stuck) / "stat")
+    finally:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for the blocked reader
+        except OSError:
+            pass  # ENXIO: nobody was blocked in it
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="processes") == 1)
+    assert s.value("resmon_gpu_process_memory_used_bytes", pid=str(stuck)) == GIB
+    assert s.value("resmon_gpu_process_memory_used_bytes", pid=str(fine)) == GIB

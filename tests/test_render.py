@@ -134,3 +134,21 @@ def test_the_exporters_own_families_render_as_prometheus_client_renders_them(mac
                 frozen = list(PinnedExposition(DEFAULT_COLLECTORS, families, names).collect())
                 assert renderer.text(frozen) == text_latest(Families(frozen))
                 assert renderer.openmetrics(frozen) == openmetrics_latest(Families(frozen))
+
+
+def test_the_label_cache_stays_bounded_under_pid_churn() -> None:
+    """Per-process label sets never repeat when PIDs churn: the cache must forget those unused
+    for a few renders, not grow to its 20,000-entry backstop (about 1.4 KiB each)."""
+    renderer = Renderer()
+    steady = [{"gpu": str(g), "uuid": f"GPU-{g}"} for g in range(8)]
+    for render in range(300):
+        metric = Metric("resmon_gpu_process_memory_used_bytes", "VRAM.", "gauge")
+        for labels in steady:
+            metric.add_sample(metric.name, labels, 1.0)
+        for p in range(64):  # 64 processes that exit before the next scrape
+            metric.add_sample(metric.name, {"gpu": "0", "uuid": "GPU-0", "pid": str(render * 64 + p)}, 2.0)
+        assert renderer.text([metric]) == text_latest(Families([metric]))
+    cached = renderer.cached_label_sets()
+    assert cached <= 8 + 2 * 8 * 64, cached  # the steady sets plus at most two generations of churn
+    for labels in steady:  # the steady label sets are still cached (rendered once, reused)
+        assert tuple(labels.items()) in renderer._young or tuple(labels.items()) in renderer._old

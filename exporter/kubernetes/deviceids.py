@@ -78,3 +78,47 @@ def parse_device_id(device_id: str) -> DeviceRef | None:
     replica = _REPLICA.fullmatch(text)
     base = replica["base"] if replica else text
     return _nvidia(base) or _amd(base)
+
+
+# Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI ids
+# are unique on the host whatever the resource is called (exporter/attribution.py agrees).
+INDEXED_RESOURCES = ("nvidia.com/",)
+
+
+@dataclass(frozen=True, slots=True)
+class HostGpus:
+    """The GPUs this host has shown (UUIDs, MIG UUIDs, indices, PCI addresses as sysfs writes
+    them): which kubelet device ids are worth keeping while a List is decoded. Empty (no GPU
+    read yet): every id that names a GPU at all is kept, the rest (NICs, FPGAs ...) never."""
+
+    uuids: frozenset[str] = frozenset()
+    mig_uuids: frozenset[str] = frozenset()
+    indices: frozenset[int] = frozenset()
+    pci: frozenset[str] = frozenset()
+
+    @property
+    def known(self) -> bool:
+        return bool(self.uuids or self.indices or self.pci)
+
+    def union(self, other: "HostGpus") -> "HostGpus":
+        return HostGpus(self.uuids | other.uuids, self.mig_uuids | other.mig_uuids,
+                        self.indices | other.indices, self.pci | other.pci)
+
+    def names(self, resource: str, device_id: str) -> bool:
+        """Whether the kubelet's (resource, device id) may name one of these GPUs."""
+        ref = parse_device_id(device_id)
+        if ref is None:
+            return False
+        if ref.index is not None and not resource.startswith(INDEXED_RESOURCES):
+            return False
+        if not self.known:
+            return True
+        if ref.uuid:
+            return ref.uuid in self.uuids
+        if ref.mig_uuid:
+            return ref.mig_uuid in self.mig_uuids
+        if ref.mig_parent_uuid:
+            return ref.mig_parent_uuid in self.uuids
+        if ref.pci_bus_id:
+            return ref.pci_bus_id in self.pci
+        return ref.index in self.indices

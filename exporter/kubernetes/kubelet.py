@@ -8,7 +8,9 @@ answer (its age is in the timestamp) while the new List completes in the backgro
 a hung kubelet costs a refresh at most `wait` while its List is in flight, and nothing
 during the back-off: a kubelet that timed out is asked again after 5 s, 10 s ... 60 s.
 
-Inactive (None) while nothing is at the socket path. A socket that changes (the kubelet
+Inactive (None) while no socket is at the path; something else there (a regular file, a FIFO,
+a directory: a mis-mounted hostPath) is inactive too, but warned about once, naming the
+path and what is there. A socket that changes (the kubelet
 restarted: a new inode) or comes back starts afresh: no back-off inherited, and an answer
 still in flight from the old one is dropped.
 """
@@ -23,11 +25,21 @@ import time
 from dataclasses import dataclass
 
 from ..logs import fields
-from .podresources import Allocation, PodResourcesError, list_allocations
+from .podresources import Allocation, Keep, PodResourcesError, list_allocations, preload
 
 _FIRST_PAUSE = 5.0  # seconds before a timed-out kubelet is asked again; doubled each time
 _MAX_PAUSE = 60.0
 _DENIED = "denied"
+_KINDS = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+          (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+
+
+@dataclass(frozen=True, slots=True)
+class _NotASocket:
+    """What is at the path instead of a socket (its inode too: a new one is warned about again)."""
+
+    kind: str
+    inode: tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +53,12 @@ class KubeletState:
 
 
 class KubeletReader:
-    def __init__(self, socket_path: str, cache_ttl: float, timeout: float, log: logging.Logger) -> None:
+    def __init__(
+        self, socket_path: str, cache_ttl: float, timeout: float, log: logging.Logger, keep: Keep | None = None
+    ) -> None:
+        """keep(resource, device id): which allocations a List keeps (decided while decoding)."""
         self._path = socket_path
+        self._keep = keep
         self._ttl = cache_ttl
         self._timeout = timeout
         self._log = log
@@ -64,7 +80,21 @@ class KubeletReader:
         except (OSError, ValueError):
             return None
         # the change time too: a freed inode number is soon reused by the next socket
-        return (st.st_dev, st.st_ino, st.st_ctime_ns) if stat.S_ISSOCK(st.st_mode) else None
+        inode = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        if stat.S_ISSOCK(st.st_mode):
+            return inode
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), f"file of mode {st.st_mode:o}")
+        return _NotASocket(kind, inode)
+
+    def prepare(self) -> None:
+        """Import the gRPC client now where the socket exists (at start, not in the first
+        List: its 0.1 s import would use up a refresh's whole wait for the answer). Without
+        grpcio the List reports what to install."""
+        if isinstance(self._identity(), tuple):
+            try:
+                preload()
+            except PodResourcesError:
+                pass
 
     def read(self, wait: float) -> KubeletState | None:
         """The latest completed List, a new one started when it is stale and waited for at
@@ -76,7 +106,12 @@ class KubeletReader:
                 self._generation += 1
                 self._state, self._completed, self._due = None, 0, 0.0
                 self._inflight, self._timeouts = False, 0
-            if identity is None:
+                if isinstance(identity, _NotASocket):  # once per thing found there, not per read
+                    self._log.warning(
+                        "not a socket at the kubelet PodResources path: kubernetes collector inactive",
+                        extra=fields(socket=self._path, found=identity.kind),
+                    )
+            if identity is None or isinstance(identity, _NotASocket):
                 return None
             if identity == _DENIED:
                 state = KubeletState((), False, 0.0, None)
@@ -105,7 +140,7 @@ class KubeletReader:
         started = time.perf_counter()
         timed_out = False
         try:
-            allocations = list_allocations(self._path, self._timeout)
+            allocations = list_allocations(self._path, self._timeout, self._keep)
             state, error = KubeletState(allocations, True, time.perf_counter() - started, time.time()), ""
         except PodResourcesError as err:
             timed_out = "DEADLINE_EXCEEDED" in str(err)

@@ -4,19 +4,29 @@ The messages come from a FileDescriptorProto built here, not from protoc output:
 code pins the protobuf runtime to the generator's major version, a hand descriptor works on
 every protobuf from 4.25 on. Only the fields List needs are declared; the rest of a newer
 kubelet's answer (cpu_ids, memory, dynamic_resources ...) is skipped as unknown fields.
-grpc and google.protobuf are imported on the first call, so the exporter runs without them.
+grpc and google.protobuf are imported on the first call (or by preload()), so the exporter
+runs without them.
+
+Memory: a decoded answer costs about 450 bytes of Python objects per device id (the parse
+itself is lazy and nearly free), so only the ids a keep() predicate accepts become
+Allocations, decided while the answer is walked, and an answer is refused over
+MAX_RECEIVE_BYTES (4 MiB: at worst some 70,000 ids, well inside the DaemonSet's 256Mi).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
-MAX_RECEIVE_BYTES = 16 * 1024 * 1024  # what the kubelet's own client helper is usually given
+# gRPC's own default; the kubelet's client helper takes 16 MiB, which costs up to 20x its size
+# in RSS if it were all GPU ids, over the DaemonSet's memory limit. A node's List is some KiB
+# per pod (110 pods by default): 4 MiB is room for hundreds of pods.
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 _INSTALL_HINT = "pip install 'resmon-exporter[kubernetes]'"
 _MAX_DETAILS = 300  # characters of the server's error text kept in a message
 
@@ -48,7 +58,7 @@ _HINTS = {
     "UNAVAILABLE": "kubelet not reachable",
     "DEADLINE_EXCEEDED": "kubelet did not answer in time",
     "UNIMPLEMENTED": "kubelet has no v1 PodResources API",
-    "RESOURCE_EXHAUSTED": "kubelet rate limit, or an answer over 16 MiB",
+    "RESOURCE_EXHAUSTED": f"kubelet rate limit, or an answer over {MAX_RECEIVE_BYTES // 2**20} MiB",
     "PERMISSION_DENIED": "no permission on the kubelet socket (the exporter needs uid 0)",
 }
 
@@ -116,20 +126,34 @@ def _message_classes() -> tuple[Any, Any]:
         return _classes
 
 
-def _allocations(response: Any) -> tuple[Allocation, ...]:
-    return tuple(
-        Allocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
-        for pod in response.pod_resources
-        for container in pod.containers
-        for devices in container.devices
-        for device_id in devices.device_ids
-    )
+Keep = Callable[[str, str], bool]  # (resource name, device id) -> whether to keep it
 
 
-def decode_list_response(data: bytes) -> tuple[Allocation, ...]:
+def _allocations(response: Any, keep: Keep | None = None) -> tuple[Allocation, ...]:
+    """The allocations keep() accepts. Each pod's and container's names are read once and
+    shared by its allocations; nothing is built for an id that is not kept."""
+    out: list[Allocation] = []
+    for pod in response.pod_resources:
+        names: tuple[str, str] | None = None
+        for container in pod.containers:
+            container_name: str | None = None
+            for devices in container.devices:
+                resource = devices.resource_name
+                for device_id in devices.device_ids:
+                    if keep is not None and not keep(resource, device_id):
+                        continue
+                    if names is None:
+                        names = (pod.namespace, pod.name)
+                    if container_name is None:
+                        container_name = container.name
+                    out.append(Allocation(names[0], names[1], container_name, resource, device_id))
+    return tuple(out)
+
+
+def decode_list_response(data: bytes, keep: Keep | None = None) -> tuple[Allocation, ...]:
     """The allocations in a serialized ListPodResourcesResponse (raises protobuf's DecodeError)."""
     _, response_class = _message_classes()
-    return _allocations(response_class.FromString(data))
+    return _allocations(response_class.FromString(data), keep)
 
 
 def _one_line(text: str) -> str:
@@ -156,7 +180,15 @@ def _import_grpc() -> Any:
     return grpc
 
 
-def _call_list(grpc: Any, socket_path: str, timeout: float) -> tuple[Allocation, ...]:
+def preload() -> None:
+    """Import grpc and build the message classes now (about 0.1 s and 17 MiB), off the
+    scrape path: the CLI calls it at start where the socket exists, so the first List is not
+    slowed past a refresh's brief wait for it. Raises PodResourcesError without grpcio."""
+    _import_grpc()
+    _message_classes()
+
+
+def _call_list(grpc: Any, socket_path: str, timeout: float, keep: Keep | None) -> tuple[Allocation, ...]:
     request_class, response_class = _message_classes()
     channel = grpc.insecure_channel(
         "unix://" + urllib.parse.quote(os.path.abspath(socket_path)),  # "?", "#", "%" are URI syntax
@@ -174,15 +206,16 @@ def _call_list(grpc: Any, socket_path: str, timeout: float) -> tuple[Allocation,
             request_serializer=request_class.SerializeToString,
             response_deserializer=response_class.FromString,
         )
-        return _allocations(call(request_class(), timeout=timeout))
+        return _allocations(call(request_class(), timeout=timeout), keep)
     except grpc.RpcError as err:
         raise _rpc_error(err, socket_path) from None
     finally:
         channel.close()
 
 
-def list_allocations(socket_path: str, timeout: float) -> tuple[Allocation, ...]:
-    """One Allocation per (container, resource, device id), in the kubelet's order.
+def list_allocations(socket_path: str, timeout: float, keep: Keep | None = None) -> tuple[Allocation, ...]:
+    """One Allocation per (container, resource, device id) keep() accepts (all without it),
+    in the kubelet's order.
 
     A fresh channel per call, closed after; waits at most timeout seconds. Raises
     PodResourcesError only.
@@ -193,7 +226,7 @@ def list_allocations(socket_path: str, timeout: float) -> tuple[Allocation, ...]
     if not os.path.exists(socket_path):
         raise PodResourcesError(f"no kubelet socket at {socket_path} (UNAVAILABLE)")
     try:
-        return _call_list(grpc, socket_path, timeout)
+        return _call_list(grpc, socket_path, timeout, keep)
     except PodResourcesError:
         raise
     except Exception as err:  # the collector's contract: a broken kubelet or runtime is an error, not a crash
