@@ -156,7 +156,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.mig", True, _bool, "Enable MIG mode and per-instance series (inactive while no GPU has MIG).", boolean=True),
     Flag("collector.processes", False, _bool, "Enable per-process GPU memory and utilization (process names and users become visible to scrapers).", boolean=True),
     Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
-    Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory."),
+    Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory (and allocation series per GPU)."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
     Flag("path.sysfs", "/sys", str, "sysfs mount point: where the amdgpu backend finds the cards (the host's /sys in a container)."),
     Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
@@ -203,6 +203,39 @@ class Config:
     log_format: str
 
 
+class _BooleanFlag(argparse.BooleanOptionalAction):
+    """`--X`, `--no-X`, and `--X=true|false` (case-insensitive): users of Go exporters write
+    the value out, and argparse's own action refuses it as an "ignored explicit argument"."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"  # one optional value, after = (or as the next word)
+        self.metavar = "true|false"
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        negated = option_string is not None and option_string.startswith("--no-")
+        if values is None:
+            setattr(namespace, self.dest, not negated)
+            return
+        if negated:
+            raise argparse.ArgumentError(self, f"{option_string} takes no value (use --{option_string[5:]}=false)")
+        lowered = values.strip().lower()
+        if lowered not in ("true", "false"):
+            raise argparse.ArgumentError(self, f"invalid boolean {values!r} (use true or false)")
+        setattr(namespace, self.dest, lowered == "true")
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _BooleanFlag):  # "--X[=true|false], --no-X", not a metavar on both
+            return f"{action.option_strings[0]}[=true|false], {', '.join(action.option_strings[1:])}"
+        return super()._format_action_invocation(action)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -228,12 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Prometheus exporter for NVIDIA GPU (NVML), AMD GPU (amdgpu sysfs) and host resources.",
         allow_abbrev=False,
+        formatter_class=_HelpFormatter,
     )
     for flag in FLAGS:
         help_text = f"{flag.help} [env {flag.env}]"
         if flag.boolean:
             parser.add_argument(
-                f"--{flag.name}", dest=flag.dest, action=argparse.BooleanOptionalAction, help=help_text
+                f"--{flag.name}", dest=flag.dest, action=_BooleanFlag, help=help_text
             )
         else:
             parser.add_argument(
@@ -331,5 +365,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
     try:
         return serve(config, monitor, web, log)
     finally:
-        monitor.close(drain=1.0)  # after the 8 s HTTP grace: the whole stop stays under docker stop's 10 s
+        # after the 8 s HTTP grace: the whole stop stays under docker stop's 10 s; release:
+        # the XID watcher's last wait ends and it frees its set and shuts NVML down before exit
+        monitor.close(drain=1.0, release=1.0)
 

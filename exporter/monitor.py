@@ -20,16 +20,17 @@ import time
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Mapping
 
 from . import attribution
 from .backends import GpuBackend, GpuOptions, make_backend
 from .host import HostReader
+from .kubernetes.deviceids import HostGpus, normalise_pci
 from .kubernetes.kubelet import KubeletReader
-from .kubernetes.podlogs import container_names, pod_names
+from .kubernetes.podlogs import LogNames
 from .logs import LOGGER_NAME, fields
-from .procfs import ProcReader
-from .samples import CollectorStatus, GpuReading, HostSample, ProcessSample, Snapshot
+from .procfs import DeadlineReader, ProcReader
+from .samples import AllocationSample, CollectorStatus, GpuReading, HostSample, PartStatus, ProcessSample, Snapshot
 
 GIB = 1024**3
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -55,6 +56,11 @@ def device_grace(timeout: float) -> float:
 # milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s
 # shortest scrape deadline, so a hung kubelet cannot fail a concurrent scrape's GPU collector.
 _KUBELET_WAIT = 0.1
+# The same for a check of the kubelet's log directories (two stats and a few small listings),
+# and for procfs (a few files per GPU process: milliseconds for hundreds of processes). A
+# slower procfs costs the processes collector (left out, success 0), never the GPU's.
+_NAMES_WAIT = 0.1
+_PROCFS_WAIT = 0.2
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -185,9 +191,10 @@ class _GpuReader:
             )
             return None
 
-    def close(self, drain: float) -> bool:
+    def close(self, drain: float, release: float = 0.0) -> bool:
         """No new reads; the backend is closed on the reader's thread once it is idle. True
-        when that happened within drain seconds."""
+        when that happened within drain seconds, and (release > 0) the backend's background
+        work (the XID watcher's event wait) let go of the driver within release seconds more."""
         interrupt = getattr(self._backend, "interrupt", None)
         if interrupt is not None:
             try:
@@ -202,7 +209,33 @@ class _GpuReader:
             thread = self._thread
         assert thread is not None
         thread.join(drain)
-        return not thread.is_alive()
+        if thread.is_alive():
+            return False
+        released = getattr(self._backend, "wait_released", None)
+        return release <= 0 or released is None or bool(released(release))
+
+
+def _processes_failed(gpu: GpuReading) -> GpuReading:
+    """The reading with its processes part unsuccessful (added where the backend has none)."""
+    parts = tuple(dataclasses.replace(p, success=False) if p.name == "processes" else p for p in gpu.parts)
+    if not any(p.name == "processes" for p in parts):
+        parts += (PartStatus("processes", False, 0.0),)
+    return dataclasses.replace(gpu, parts=parts)
+
+
+def _capped(allocations: tuple[AllocationSample, ...] | None, limit: int) -> tuple[AllocationSample, ...] | None:
+    """At most limit allocation series per GPU (the processes' --collector.processes.max-per-gpu),
+    the first in label order: a List of 50,000 replicas of one GPU is not 50,000 series."""
+    if allocations is None:
+        return None
+    counts: dict[tuple[int, str], int] = {}
+    out = []
+    for a in allocations:  # sorted by GPU, then labels (attribution.allocations)
+        n = counts.get((a.gpu, a.uuid), 0)
+        if n < limit:
+            counts[(a.gpu, a.uuid)] = n + 1
+            out.append(a)
+    return allocations if len(out) == len(allocations) else tuple(out)
 
 
 class ResourceMonitor:
@@ -265,12 +298,24 @@ class ResourceMonitor:
         self._host = HostReader() if collect_host else None
         self.processes_group_by = processes_group_by
         self.processes_max_per_gpu = processes_max_per_gpu
-        self._procs = ProcReader(procfs) if collect_processes and self._backend is not None else None
+        # procfs is read on a thread of its own up to the refresh's deadline (issue 22, 16)
+        self._procs = DeadlineReader(ProcReader(procfs)) if collect_processes and self._backend is not None else None
+        # the GPUs seen so far (replaced whole by the one refresh at a time, read by the List
+        # thread): a List keeps only the allocations that may name one of them
+        self._host_gpus = HostGpus()
         self._kubelet = (
-            KubeletReader(pod_resources_socket, kubernetes_cache_ttl, collect_timeout, self._log) if collect_kubernetes else None
+            KubeletReader(pod_resources_socket, kubernetes_cache_ttl, collect_timeout, self._log,
+                          keep=lambda resource, device_id: self._host_gpus.names(resource, device_id))
+            if collect_kubernetes else None
         )
-        self._pod_logs_dir = pod_logs_dir
-        self._container_logs_dir = container_logs_dir
+        # the kubelet's log directories, listed off the scrape path (only where process
+        # attribution can use them)
+        self._log_names = (
+            LogNames(pod_logs_dir, container_logs_dir, self._log) if self._procs is not None and collect_kubernetes else None
+        )
+        # GPU UUID -> MIG UUIDs it listed while up: a down GPU lists none, and its MIG pods
+        # must still resolve to it (replaced whole by the one refresh running at a time)
+        self._last_migs: Mapping[str, tuple[str, ...]] = {}
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
@@ -299,7 +344,10 @@ class ResourceMonitor:
         if self._reader is not None:
             self._reader.ensure(time.monotonic(), 0.0)
         if self._kubelet is not None:
+            self._kubelet.prepare()  # grpc imported here where the socket exists, not in the first List
             self._kubelet.read(0.0)  # the first List, in the background
+        if self._log_names is not None:
+            self._log_names.start()  # the first listing, in the background
 
     # -- snapshot ---------------------------------------------------------------------
 
@@ -312,6 +360,10 @@ class ResourceMonitor:
         """The current snapshot, refreshed if older than the TTL. timeout: this caller's own
         deadline in seconds (default: collect_timeout); it is never exceeded."""
         started = time.monotonic()
+        if self._closed:
+            # no reads after close(): the last snapshot, its GPU part unsuccessful (a scrape
+            # racing the shutdown); the Python API raises instead (_open_snapshot)
+            return self._late(self._snapshot, started)
         # bounded: a huge timeout would overflow the condition waits
         deadline = started + (self._timeout if timeout is None else min(max(0.0, timeout), _MAX_WAIT))
         late = False
@@ -324,7 +376,7 @@ class ResourceMonitor:
                 ):
                     return snap
                 if snap is not None and self._closed:
-                    return snap  # shutting down: no new GPU reads
+                    return self._late(snap, started)  # closed meanwhile: no new GPU reads
                 if not self._refreshing:
                     self._refreshing = True
                     break
@@ -376,23 +428,50 @@ class ResourceMonitor:
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
         kube = self._kubelet.read(min(deadline - time.monotonic(), _KUBELET_WAIT)) if self._kubelet else None
-        allocations = attribution.allocations(gpu, kube) if kube is not None else None
+        allocations = None
+        if self._kubelet is not None:
+            self._last_migs = attribution.known_migs(gpu, self._last_migs)
+            allocations = attribution.allocations(gpu, kube, self._last_migs) if kube is not None else None
+            self._note_gpus(gpu)
+            allocations = _capped(allocations, self.processes_max_per_gpu)
+        processes, gpu = self._attribute(gpu, deadline)
         snap = Snapshot(
             gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
-            processes=self._attribute(gpu),
+            processes=processes,
             allocations=allocations,
             kubernetes_status=CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None,
         )
         return snap, complete
 
-    def _attribute(self, gpu: GpuReading | None) -> tuple[ProcessSample, ...] | None:
+    def _note_gpus(self, gpu: GpuReading | None) -> None:
+        if gpu is None:
+            return
+        seen = HostGpus(
+            uuids=frozenset(d.identity.uuid for d in gpu.devices if d.identity.uuid),
+            mig_uuids=frozenset(m for d in gpu.devices for m in d.mig_uuids),
+            indices=frozenset(d.identity.index for d in gpu.devices),
+            pci=frozenset(normalise_pci(d.identity.pci_bus_id) for d in gpu.devices if d.identity.pci_bus_id),
+        )
+        merged = self._host_gpus.union(seen)  # a GPU that went down keeps its MIG UUIDs here
+        if merged != self._host_gpus:
+            self._host_gpus = merged
+
+    def _attribute(
+        self, gpu: GpuReading | None, deadline: float
+    ) -> tuple[tuple[ProcessSample, ...] | None, GpuReading | None]:
+        """The processes with their owners, read until the refresh's deadline, and the GPU
+        reading, its processes part failed where some process could not be read in time
+        (those are left out: a slow procfs costs attribution, never the GPU collector)."""
         if self._procs is None:
-            return None
+            return None, gpu
+        infos, complete = self._procs.read_all(attribution.pids(gpu), min(deadline, time.monotonic() + _PROCFS_WAIT))
         names = None
-        if self._kubelet is not None and gpu is not None and any(d.process_list for d in gpu.devices):
-            # two directory listings: cheap, and pods come and go
-            names = attribution.Names(pod_names(self._pod_logs_dir), container_names(self._container_logs_dir))
-        return attribution.processes(gpu, self._procs, names)
+        if self._log_names is not None and gpu is not None and any(d.process_list for d in gpu.devices):
+            uids = {i.container.pod_uid for i in infos.values() if i is not None and i.container.pod_uid}
+            names = self._log_names.current(uids, min(max(0.0, deadline - time.monotonic()), _NAMES_WAIT))
+        if not complete and gpu is not None:
+            gpu = _processes_failed(gpu)
+        return attribution.processes(gpu, infos, names), gpu
 
     def _await_gpu(
         self, reader: _GpuReader, target: int, started: float, deadline: float
@@ -454,23 +533,34 @@ class ResourceMonitor:
             sample = None
         return sample, CollectorStatus(sample is not None, time.perf_counter() - start, time.time())
 
-    def close(self, drain: float = 2.0) -> None:
+    def close(self, drain: float = 2.0, release: float = 0.0) -> None:
         """Stop the GPU thread and release NVML: no new reads start, an in-flight one gets
         drain seconds to finish, and if it does not, NVML is left alone (shutting NVML down
-        under a running call can crash the process, nvitop #222). Idempotent."""
+        under a running call can crash the process, nvitop #222). The XID watcher's event
+        wait (up to 0.5 s) is not waited out: the watcher shuts NVML down on its way out;
+        release > 0 waits that long for it (the CLI, about to exit, does). Idempotent. Afterwards the
+        Python API methods raise RuntimeError, and snapshot() (a scrape racing the shutdown)
+        gives the last snapshot with the GPU collector unsuccessful."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
-        if self._reader is not None and not self._reader.close(drain):
+        if self._reader is not None and not self._reader.close(drain, release):
             self._log.warning("GPU call still in flight at shutdown; leaving NVML as it is")
 
     # -- Mai API ----------------------------------------------------------------------
 
+    def _open_snapshot(self) -> Snapshot:
+        """snapshot() for the Python API, which refuses to answer after close(): a frozen
+        last reading would say "success" and "fits" forever."""
+        if self._closed:
+            raise RuntimeError("ResourceMonitor is closed")
+        return self.snapshot()
+
     def get_current_resources(self) -> dict[str, float]:
         """The nine Mai keys (GiB and percent, GPU index 0, 0.0 where missing), from the
         same cached snapshot that /metrics serves."""
-        snap = self.snapshot()
+        snap = self._open_snapshot()
         out = dict.fromkeys(MAI_KEYS, 0.0)
         host = snap.host
         if host is not None:
@@ -497,7 +587,7 @@ class ResourceMonitor:
         """One dict per GPU from the same snapshot as /metrics: index, uuid, name, up, memory
         total/used/free in bytes, utilization and memory utilization ratios (0-1),
         temperature (celsius), power (watts); None where the device does not report it."""
-        snap = self.snapshot()
+        snap = self._open_snapshot()
         if snap.gpu is None:
             return []
         return [
@@ -523,7 +613,7 @@ class ResourceMonitor:
         user, memory_bytes (None where the driver hides it), utilization (engine -> ratio
         since the previous refresh), container_id, pod_uid, namespace, pod, container ("" where
         unknown). Empty when the processes collector is off (collect_processes=False)."""
-        snap = self.snapshot()
+        snap = self._open_snapshot()
         rows = sorted(snap.processes or (), key=lambda p: (-(p.memory_bytes or 0), p.gpu, p.pid))
         return [
             {
@@ -539,7 +629,7 @@ class ResourceMonitor:
         """Mai's rule: available RAM >= 1.5 x the model, and free VRAM on GPU 0 >= the model
         when the host has a GPU. A GPU that is present but down, or a GPU read that failed
         or timed out, is not "no GPU": the answer is then False."""
-        snap = self.snapshot()
+        snap = self._open_snapshot()
         host = snap.host
         if host is None or host.memory_available_bytes / GIB < model_size_gb * 1.5:
             return False

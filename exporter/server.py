@@ -44,7 +44,7 @@ from typing import Any
 import h11
 
 from .logs import fields
-from .web import Request, Response, Route, Router, decode_path, plain
+from .web import Request, Response, Route, Router, decode_path, origin_form, plain
 from .web_config import WebConfigSource
 
 MAX_CONNECTIONS = 512
@@ -487,8 +487,8 @@ class HttpServer:
             raise _Reject(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
         if _head_size(event) > limits.max_header_bytes:
             raise _Reject(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
-        method, target = event.method.decode("ascii"), event.target
-        if not target.startswith(b"/") or any(c < 0x21 or c > 0x7E for c in target):
+        method, target = event.method.decode("ascii"), origin_form(event.target)  # the absolute form too (RFC 9112 3.2.2)
+        if target is None:
             raise _Reject(HTTPStatus.BAD_REQUEST, "malformed request target")
         headers = tuple((k.decode("ascii"), v.decode("latin-1")) for k, v in event.headers)
         names = {k for k, _ in headers}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import gzip
 import html
+import re
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -71,6 +72,33 @@ class Response:
 
 def plain(status: int, text: str, extra: tuple[tuple[str, str], ...] = ()) -> Response:
     return Response(status, (("Content-Type", "text/plain; charset=utf-8"),) + extra, (text + "\n").encode())
+
+
+_ABSOLUTE_SCHEMES = (b"http://", b"https://")
+# RFC 3986 authority without userinfo (RFC 9110 4.2.4: a sender must not send it): an IP
+# literal or a reg-name, then an optional port
+_AUTHORITY = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]+)(:[0-9]*)?")
+
+
+def origin_form(target: bytes) -> bytes | None:
+    """The origin form (path and query) of a request target in origin or absolute form;
+    None when it is neither. RFC 9112 3.2.2: a server MUST accept the absolute form (a
+    client configured for a proxy sends it), and its authority wins over Host, which no
+    route reads. An empty path is "/"."""
+    if any(c < 0x21 or c > 0x7E for c in target):
+        return None
+    if target.startswith(b"/"):
+        return target
+    lowered = target[:8].lower()
+    scheme = next((s for s in _ABSOLUTE_SCHEMES if lowered.startswith(s)), None)
+    if scheme is None:
+        return None
+    rest = target[len(scheme):]
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if not _AUTHORITY.fullmatch(authority) or b"#" in tail:  # a fragment is never sent
+        return None
+    return tail if tail.startswith(b"/") else b"/" + tail
 
 
 def decode_path(target: str) -> tuple[str, str]:

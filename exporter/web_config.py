@@ -303,7 +303,10 @@ def _users(section: Any) -> dict[str, bytes]:
             raise WebConfigError(f"basic_auth_users: user name {user!r} contains ':'")
         shown = user if user.isprintable() else repr(user)  # an error stays one line
         if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
-            raise WebConfigError(f"basic_auth_users.{shown}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters)")
+            raise WebConfigError(
+                f"basic_auth_users.{shown}: not a bcrypt hash (want $2y$/$2b$/$2a$, cost, 53 characters); "
+                "make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n'"
+            )
         if bcrypt_cost(hashed.encode()) > MAX_BCRYPT_COST:
             raise WebConfigError(
                 f"basic_auth_users.{shown}: bcrypt cost {bcrypt_cost(hashed.encode())} is above {MAX_BCRYPT_COST} "
@@ -432,7 +435,9 @@ class WebConfigSource:
                 return
             self._config, self._ctx = config, ctx
             if config.users != self._auth.users:
-                self._auth = Authenticator(config.users)
+                # verified passwords of users whose hash is unchanged stay verified: an empty
+                # cache would send every scraper to bcrypt at once (429 beyond its queue)
+                self._auth = Authenticator(config.users, keep_from=self._auth)
             self._stamps = self._current_stamps()  # the new config's certificate files
             self._log.info("web config reloaded")
 
@@ -454,14 +459,16 @@ class Authenticator:
     time (measured), so no cost shows either. Any failure inside a check (bcrypt refuses passwords over 72
     bytes) is a plain "no". Recent successes and failures are cached by a hash of (user,
     password, stored hash), so a repeated wrong password costs no bcrypt; cached() answers
-    from the caches only, verify() does the bcrypt work (callers bound its concurrency)."""
+    from the caches only, verify() does the bcrypt work (callers bound its concurrency).
+    keep_from: the Authenticator of the config before a reload, whose verified successes
+    are kept for every user whose stored hash did not change."""
 
     FAILURE_TTL = 30.0
     MAX_CACHED = 4096
 
-    def __init__(self, users: dict[str, bytes]) -> None:
+    def __init__(self, users: dict[str, bytes], keep_from: "Authenticator | None" = None) -> None:
         self.users = users
-        self._ok: OrderedDict[bytes, None] = OrderedDict()
+        self._ok: OrderedDict[bytes, str] = OrderedDict()  # key -> the user it verified
         self._failed: OrderedDict[bytes, float] = OrderedDict()  # key -> expiry (monotonic)
         self._lock = threading.Lock()
         cost = max((bcrypt_cost(h) for h in users.values()), default=4)
@@ -475,6 +482,10 @@ class Authenticator:
             # full bcrypt work, without paying that work here at load
             tail = bcrypt.hashpw(b"resmon-dummy", bcrypt.gensalt(4))[-31:]
             self.dummy = bcrypt.gensalt(cost) + tail
+        if keep_from is not None:
+            with keep_from._lock:
+                kept = [(k, u) for k, u in keep_from._ok.items() if u in users and users[u] == keep_from.users.get(u)]
+            self._ok.update(kept)  # in their LRU order; failures start afresh
 
     @property
     def enabled(self) -> bool:
@@ -526,7 +537,7 @@ class Authenticator:
         key = self._key(user, password)
         with self._lock:
             if ok:
-                self._ok[key] = None
+                self._ok[key] = user
                 while len(self._ok) > self.MAX_CACHED:
                     self._ok.popitem(last=False)
             else:

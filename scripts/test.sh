@@ -27,19 +27,27 @@ stage_done() { echo "test.sh: $1: $((SECONDS - stage_start)) s" >&2; stage_start
 # (readelf, the fake's symbol check), systemd (systemd-analyze, the unit's checks) and fuse3
 # (the amdgpu tests' FUSE sysfs), when missing. kubectl (with its built-in kustomize) is not
 # in Debian in a usable version: these machines ship it, and CI=true fails at once without it.
-missing=()
-command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
-command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
-command -v readelf >/dev/null 2>&1 || missing+=(binutils)
-command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
-command -v fusermount3 >/dev/null 2>&1 || missing+=(fuse3)  # the amdgpu tests' FUSE sysfs (libfuse3-3 comes with it)
+missing=()  # Debian packages to install
+tools=()    # the commands they bring, for the message where apt-get is not there
+need() { command -v "$1" >/dev/null 2>&1 || { tools+=("$1"); shift; missing+=("$@"); }; }
+need promtool prometheus
+need prometheus-alertmanager prometheus-alertmanager
+need docker-compose docker-compose
+need gcc gcc libc6-dev
+need readelf binutils
+need systemd-analyze systemd
+need fusermount3 fuse3  # the amdgpu tests' FUSE sysfs (libfuse3-3 comes with it)
 if ! command -v kubectl >/dev/null 2>&1; then
   [ "$ci" = 1 ] && die "kubectl >= 1.21 (kustomize Components) missing: tests/test_kubernetes_manifests.py needs it"
   echo "note: kubectl missing; the manifest tests are skipped" >&2
 fi
 if [ ${#missing[@]} -gt 0 ]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    die "missing ${tools[*]}, and no apt-get to install them (Debian's ${missing[*]}): install them with this system's package manager (prometheus, alertmanager, docker-compose, gcc, binutils, systemd, fuse3) or put them on PATH, then run this again"
+  fi
+  if [ "$(id -u)" != 0 ] && ! command -v sudo >/dev/null 2>&1; then
+    die "missing ${tools[*]}: run this as root or with sudo available, or install Debian's ${missing[*]} first"
+  fi
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

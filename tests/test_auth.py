@@ -203,3 +203,55 @@ def test_a_fifo_as_web_config_does_not_freeze_serving(run_exporter, machine, aut
     assert status(exporter, "/-/healthy", basic("alice", "pw")) == 200
     assert status(exporter) == 401
     assert "not a regular file" in exporter.stderr
+
+
+# -- reloads keep what was verified ----------------------------------------------------------
+
+
+def test_a_reload_keeps_verified_credentials_whose_hash_did_not_change(run_exporter, machine, tmp_path):
+    from exporter.server import BCRYPT_QUEUE
+
+    cfg = tmp_path / "web.yml"
+    alice = hashed(b"pw", 12).decode()  # about 0.25 s a check: concurrent checks pile up
+    write_config(cfg, f"basic_auth_users:\n  alice: '{alice}'\n")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
+    assert status(exporter, "/-/healthy", basic("alice", "pw")) == 200  # verified once, cached
+
+    def reload(text: str) -> None:
+        done = exporter.stderr.count("web config reloaded")
+        write_config(cfg, text)
+        exporter.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while exporter.stderr.count("web config reloaded") == done:
+            assert time.monotonic() < deadline, exporter.stderr
+            time.sleep(0.02)
+
+    def burst(user: str, password: str) -> list[int]:
+        # more scrapers at once than password checks may queue: any bcrypt work shows as 429
+        n = BCRYPT_QUEUE * 3 + 2
+        gate = threading.Barrier(n)
+        codes: list[int] = []
+
+        def one() -> None:
+            gate.wait(10)
+            codes.append(status(exporter, "/-/healthy", basic(user, password)))
+
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return sorted(codes)
+
+    # a user added and a header changed: alice's hash is the same, so is her verified password
+    bob = hashed(b"pw2", 4).decode()
+    reload(f"basic_auth_users:\n  alice: '{alice}'\n  bob: '{bob}'\n"
+           "http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    codes = burst("alice", "pw")
+    assert codes == [200] * len(codes), codes
+    assert exporter.request("/-/healthy", headers={"Authorization": basic("bob", "pw2").split(": ", 1)[1]})[0] == 200
+    # alice's hash changed: her old password is checked anew (and refused), never served from the cache
+    reload(f"basic_auth_users:\n  alice: '{hashed(b'new', 4).decode()}'\n  bob: '{bob}'\n")
+    assert status(exporter, "/-/healthy", basic("alice", "pw")) == 401
+    assert status(exporter, "/-/healthy", basic("alice", "new")) == 200
+    assert "Traceback" not in exporter.stderr

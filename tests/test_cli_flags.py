@@ -90,3 +90,40 @@ def test_the_readme_lists_every_flag_with_its_environment_variable():
     for flag in FLAGS:
         spelled = f"`--[no-]{flag.name}`" if flag.boolean else f"`--{flag.name}`"
         assert f"| {spelled} | `{flag.env}` |" in readme, flag.name
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--collector.processes=true"], True),
+        (["--collector.processes=TRUE"], True),
+        (["--collector.processes=false"], False),
+        (["--collector.host=False"], False),
+        (["--collector.host"], True),
+        (["--no-collector.host"], False),
+        (["--collector.xid=false", "--collector.xid"], True),  # the last one wins
+    ],
+)
+def test_boolean_flags_take_true_or_false_after_an_equals_sign(args, expected):
+    config, _ = parse_config(args, {})
+    dest = args[-1].lstrip("-").removeprefix("no-").split("=")[0].replace(".", "_").replace("-", "_")
+    assert getattr(config, dest) is expected
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--collector.processes=maybe"], "invalid boolean 'maybe' (use true or false)"),
+        (["--collector.processes=1"], "invalid boolean '1'"),
+        (["--collector.processes="], "invalid boolean ''"),
+        (["--no-collector.host=true"], "--no-collector.host takes no value"),
+    ],
+)
+def test_a_bad_boolean_flag_value_is_one_line_and_exit_2(args, needle):
+    one_line_exit_2(run_cli(*args), needle)
+
+
+def test_a_boolean_flag_answers_through_the_real_cli():
+    # the real entry point, not only parse_config: the value reaches the running exporter
+    result = run_cli("--collector.processes=true", "--path.procfs=/nonexistent")
+    one_line_exit_2(result, "not a procfs mount")  # processes is on, so the procfs check ran

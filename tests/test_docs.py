@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
+import subprocess
+import sys
+import tarfile
 
+from exporter.cli import FLAGS
 from exporter.collector import FAMILIES
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
@@ -53,9 +58,17 @@ def test_docs_match_a_full_scrape(run_exporter, scenario, tmp_path):
     amd_served = {name for name in amd.samples if name.startswith("resmon_")}
     prof = _profiling_scrape(run_exporter, scenario)
     prof_served = {name for name in prof.samples if name.startswith("resmon_")}
+    # the failure-only family: GPUs this process may not open (NVML NO_PERMISSION)
+    scenario.write({**health_machine(), "rc.nvmlDeviceGetHandleByIndex_v2": 4})
+    denied = run_exporter("--no-collector.kubernetes", "--collect.cache-ttl=0").wait_for(
+        lambda s: s.has("resmon_collector_error_info"))
+    denied_served = {name for name in denied.samples if name.startswith("resmon_")}
     rows = doc_rows()
-    assert served | amd_served | prof_served == set(rows), (served | amd_served | prof_served) ^ set(rows)
-    for scrape in (s, amd, prof):
+    served |= amd_served | prof_served | denied_served
+    assert served == set(rows), served ^ set(rows)
+    for scrape in (s, amd, prof, denied):  # every collector and backend a scrape names is one the docs' checks know
+        assert {l["collector"] for l, _ in scrape.series("resmon_collector_success")} <= code_collectors()
+        assert {l["backend"] for l, _ in scrape.series("resmon_gpu_backend_info")} <= code_backend_names()
         for name, (kind, labels) in rows.items():
             if name not in scrape.samples:
                 continue
@@ -106,3 +119,190 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert match, "README must mark its test command with <!-- test-command -->"
     command = match.group(1).strip()
     assert command in ci.splitlines()
+
+
+# -- statements the code keeps (issue 22 item 10): each truth is derived from the code ---------
+
+EXPORTER = REPO / "exporter"
+USER_DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _string(node: ast.expr, constants: dict[str, str]) -> str | None:
+    """A thread name as the code writes it: a literal, a module constant, or an f-string
+    whose placeholders (the GPU index) read N."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "N" for v in node.values)
+    return None
+
+
+def code_thread_names() -> set[str]:
+    """Every thread the exporter starts: threading.Thread(name=...) and the pools'
+    thread_name_prefix=..., found in the source."""
+    names = set()
+    for path in EXPORTER.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                     for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if func in ("Thread", "ThreadPoolExecutor"):  # every thread is named, so the table can name it
+                assert {kw.arg for kw in node.keywords} & {"name", "thread_name_prefix"}, f"{path}:{node.lineno}: unnamed"
+            for kw in node.keywords:
+                if (kw.arg == "name" and func == "Thread") or kw.arg == "thread_name_prefix":
+                    name = _string(kw.value, constants)
+                    assert name is not None, f"{path}:{node.lineno}: a thread name the docs test cannot read"
+                    names.add(name)
+    return names
+
+
+def doc_section(heading: str) -> str:
+    text = DOC.read_text()
+    assert heading in text, f"{DOC} has no {heading!r} section"
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_docs_name_exactly_the_threads_the_code_starts():
+    for path in USER_DOCS:  # the XID watcher is one of several
+        text = " ".join(path.read_text().split())
+        claim = re.search(r"[^.(]*only (long-lived )?background thread[^.)]*", text)
+        assert not claim, f"{path.name}: {claim.group(0).strip()!r}"
+    code = code_thread_names()
+    assert {"resmon-gpu", "resmon-gpu-N", "resmon-xid"} <= code, code  # the parse found them
+    documented = set()
+    for line in doc_section("## Threads").splitlines():
+        first = line.strip().strip("|").split("|")[0].strip()
+        documented |= set(re.findall(r"`(resmon-[a-zA-Z0-9-]+)`", first))
+    assert documented == code, f"docs/metrics.md '## Threads' and the code differ: {documented ^ code}"
+
+
+def _meaning(family: str) -> str:
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == f"`{family}`":
+            return "|".join(cells[4:])
+    raise AssertionError(f"{family} has no row in {DOC}")
+
+
+def code_backend_names() -> set[str]:
+    """The `name` class attribute of every backend class (what resmon_gpu_backend_info says)."""
+    names = set()
+    for path in (EXPORTER / "backends").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if (isinstance(item, ast.Assign) and [getattr(t, "id", "") for t in item.targets] == ["name"]
+                            and isinstance(item.value, ast.Constant)):
+                        names.add(item.value.value)
+    return names
+
+
+def test_backend_info_lists_every_backend():
+    from exporter.backends import BACKEND_CHOICES
+
+    code = code_backend_names()
+    assert code == set(BACKEND_CHOICES) - {"auto"}, code  # every choice is a backend with that name
+    documented = set(re.findall(r"`([a-z-]+)`", _meaning("resmon_gpu_backend_info").split(":")[0]))
+    assert documented == code, f"resmon_gpu_backend_info values: docs {sorted(documented)}, code {sorted(code)}"
+
+
+def code_collectors() -> set[str]:
+    """The collectors: one --[no-]collector.X switch each."""
+    return {f.name.split(".", 1)[1] for f in FLAGS if f.boolean and f.name.startswith("collector.")}
+
+
+def test_collector_success_lists_every_collector():
+    code = code_collectors()
+    assert {"gpu", "profiling", "mig", "host"} <= code, code
+    listed = re.search(r"1 when that collector's \(([^)]*)\)", _meaning("resmon_collector_success"))
+    assert listed, "the resmon_collector_success row lists the collectors in parentheses"
+    documented = set(re.findall(r"`([a-z]+)`", listed.group(1)))
+    assert documented == code, f"resmon_collector_success collectors: docs {sorted(documented)}, code {sorted(code)}"
+
+
+# -- what a newcomer trips on (issue 22 item 14) --------------------------------------------
+
+
+def test_test_sh_without_apt_get_names_what_to_install(tmp_path):
+    # a machine that is not Debian (or a container without apt): one line that says which
+    # tools are missing and what to install, exit 1, not "apt-get: command not found"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "id"):  # what the script runs before it looks for the tools
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    result = subprocess.run([shutil.which("bash"), str(REPO / "scripts" / "test.sh")], capture_output=True, text=True,
+                            timeout=60, env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "command not found" not in result.stderr, result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.startswith("test.sh:")]
+    assert len(lines) == 1, result.stderr
+    for tool in ("promtool", "gcc", "readelf", "systemd-analyze", "fusermount3", "apt-get"):
+        assert tool in lines[0], (tool, lines[0])
+
+
+def test_readme_installs_into_a_venv_not_the_system_python():
+    # Debian 12's system pip refuses `pip install .` (externally-managed-environment, PEP 668)
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Install and run"):]
+    first = re.search(r"```sh\n(.+?)\n```", section, re.S)
+    assert first, "the install section starts with a shell block"
+    command = first.group(1)
+    venv = re.match(r"python3 -m venv (\S+) && \1/bin/pip install \. && \1/bin/resmon-exporter$", command)
+    assert venv or command.startswith("pipx install"), f"README's first command installs into the system Python: {command!r}"
+
+
+def test_sdist_has_the_package_license_and_metadata_and_no_tests(tmp_path):
+    # the tests need the whole repository (the fake NVML's C sources, deploy/, prometheus/,
+    # a compiler): a source distribution with half of tests/ would only fail, so it has none
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    for name in ("exporter", "tests"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so*", "build"))
+    build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", build, str(tmp_path / "dist")], cwd=source, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    archive = tmp_path / "dist" / result.stdout.strip().splitlines()[-1]
+    with tarfile.open(archive) as tar:
+        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
+        info = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/PKG-INFO"))).read().decode()
+    assert not any(m.startswith("tests/") for m in members), sorted(m for m in members if m.startswith("tests/"))[:5]
+    modules = {str(p.relative_to(REPO)) for p in EXPORTER.rglob("*.py")}
+    assert modules <= members, modules - members
+    assert {"LICENSE", "README.md", "pyproject.toml"} <= members
+    assert "License-Expression: Apache-2.0" in info
+    assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License\n") and "END OF TERMS AND CONDITIONS" in (REPO / "LICENSE").read_text()
+    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in info.splitlines() if line.startswith("Project-URL: "))
+    unit = (REPO / "deploy" / "systemd" / "resmon-exporter.service").read_text()
+    home = re.search(r"^Documentation=(\S+?)(?:#readme)?$", unit, re.M).group(1)  # the unit names the project's home
+    assert urls.get("Homepage") == home and {"Documentation", "Issues", "Source"} <= set(urls), urls
+    assert "Classifier: Programming Language :: Python :: 3.10" in info and "Classifier: Topic :: System :: Monitoring" in info
+
+
+def test_the_memory_figures_of_readme_and_the_kubernetes_guide_are_one_run():
+    """README and docs/kubernetes.md once quoted RSS from different runs (35.7 / 55.5 MiB
+    beside 32.8 / 42.7 MiB): every RSS figure the guide's Resources section gives must be one
+    of the README's memory sentence for a Kubernetes node, which names both a bare host and a
+    node with the kubelet socket (grpcio loaded)."""
+    guide = (REPO / "docs" / "kubernetes.md").read_text()
+    resources = guide.split("\n## Resources\n", 1)[1].split("\n## ", 1)[0]
+    readme = (REPO / "README.md").read_text()
+    sentence = re.search(r"Memory on a Kubernetes node[^\n]*(?:\n(?!\n)[^\n]*)*", readme)
+    assert sentence, "README has no 'Memory on a Kubernetes node' paragraph"
+    figure = re.compile(r"(\d+(?:\.\d+)?) MiB")
+    ours = set(figure.findall(sentence.group(0)))
+    rss = [sentence for sentence in re.split(r"(?<=[.;])\s", resources) if "RSS" in sentence]
+    theirs = {f for sentence in rss for f in figure.findall(sentence)}
+    assert len(ours) >= 2 and theirs, (ours, theirs)
+    assert theirs <= ours, f"docs/kubernetes.md quotes {sorted(theirs - ours)} MiB, README {sorted(ours)}"

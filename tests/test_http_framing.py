@@ -285,3 +285,40 @@ def test_shutdown_grace_is_under_docker_stops_10s(run_exporter, machine):
         raise AssertionError("still running 10 s after SIGTERM: docker stop would SIGKILL it") from None
     assert time.monotonic() - started < 10
     assert "Traceback" not in exporter.stderr
+
+
+def test_absolute_form_request_targets_are_served_as_their_origin_form(run_exporter, machine):
+    # RFC 9112 3.2.2: a server MUST accept the absolute form (what a client talking to a
+    # proxy sends); the authority of the target wins over Host, which the exporter ignores
+    exporter = run_exporter()
+    wire = Wire(exporter.port)
+    try:
+        port = exporter.port
+        wire.send(get(f"http://127.0.0.1:{port}/-/healthy?x=1") + get("HTTP://Other.Example/metric%73"))
+        status, _, body = wire.response()
+        assert status == 200 and body == b"resmon-exporter is healthy.\n", (status, body[:200])
+        status, _, body = wire.response()
+        assert status == 200 and b"resmon_gpu_up" in body, (status, body[:200])
+        wire.send(get("http://x") + get("http://x?a=b") + get("https://x/-/ready"))
+        for _ in range(2):  # an empty path is "/": the landing page
+            status, _, body = wire.response()
+            assert status == 200 and b'href="/metrics"' in body, (status, body[:200])
+        status, _, _ = wire.response()
+        assert status == 200
+    finally:
+        wire.close()
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["ftp://x/metrics", "http:/metrics", "http://", "http:///metrics", "http://u@x/metrics", "x/metrics", "*", "http://x/a#b"],
+)
+def test_a_bad_request_target_is_400(run_exporter, machine, target):
+    exporter = run_exporter(ready=False)
+    wire = Wire(exporter.port, timeout=5)
+    try:
+        wire.send(get(target))
+        status, _, body = wire.response()
+        assert status == 400, (target, status, body[:200])
+    finally:
+        wire.close()

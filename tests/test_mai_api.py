@@ -227,3 +227,80 @@ def test_best_model_size_tiers(machine, available_kib, tier):
 def test_overload_thresholds(machine, available_gib, busy, overloaded):
     m = machine(gib_kib(available_gib), total_gib=100, busy=busy)
     assert m.is_system_overloaded() is overloaded
+
+
+# -- after close() -----------------------------------------------------------------------
+
+
+def test_the_api_raises_after_close_and_snapshots_mark_the_gpu_failed(machine):
+    m = machine(gib_kib(30), gpu=gpu0_with_free(8))
+    assert m.can_load_model(1) is True and m.snapshot().gpu_status.success
+    m.close()
+    m.close()  # idempotent
+    calls = {
+        "get_current_resources": m.get_current_resources,
+        "can_load_model": lambda: m.can_load_model(1),
+        "get_gpus": m.get_gpus,
+        "get_gpu_processes": m.get_gpu_processes,
+        "is_system_overloaded": m.is_system_overloaded,
+        "get_best_model_size": m.get_best_model_size,
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="ResourceMonitor is closed"):
+            call()
+            pytest.fail(f"{name} answered after close()")
+    # /metrics (the CLI renders a scrape that raced the shutdown): the last values, GPU failed
+    snap = m.snapshot()
+    assert snap.gpu is not None and snap.gpu_status is not None and snap.gpu_status.success is False
+
+
+def test_a_context_manager_closes_and_the_api_then_raises(machine):
+    with machine(gib_kib(30)) as m:
+        assert m.get_best_model_size() == "large"
+    with pytest.raises(RuntimeError, match="ResourceMonitor is closed"):
+        m.get_best_model_size()
+
+
+def test_close_does_not_wait_out_the_xid_watchers_wait_and_nvml_is_shut_down_after_it(
+    machine, fake_libs, tmp_path_factory
+):
+    import threading
+    import time
+
+    from fakenvml import load_in_process
+
+    trace = load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")
+    deadline = time.monotonic() + 30
+    # a GPU worker an earlier test left inside a slow call shuts its NVML down when it returns:
+    # not in this test's trace
+    while any(t.name.startswith("resmon-") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "threads of an earlier test are still running"
+        time.sleep(0.02)
+    # every event wait blocks 0.8 s in the driver before its own 0.5 s timeout starts
+    m = machine(gib_kib(30), gpu={**gpu0_with_free(8), "delay_ms.nvmlEventSetWait_v2": 800})
+    trace.clear()
+    m.get_current_resources()  # the first read hands the GPUs to the XID watcher
+
+    def xid_alive() -> bool:
+        return any(t.name == "resmon-xid" and t.is_alive() for t in threading.enumerate())
+
+    deadline = time.monotonic() + 10
+    while trace.count("nvmlEventSetWait_v2") == 0:  # polled every 10 ms: a wait just began
+        assert time.monotonic() < deadline, "the XID watcher never waited"
+        time.sleep(0.01)
+    started = time.perf_counter()
+    m.close()
+    took = time.perf_counter() - started
+    print(f"close() with the XID watcher inside a wait: {took * 1000:.1f} ms")
+    # the wait has about 1.3 s to go: close() returned without waiting it out, and did not
+    # shut NVML down under it (that can crash a real driver)
+    assert xid_alive(), f"close() waited for the watcher's wait ({took:.2f} s)"
+    assert trace.count("nvmlShutdown") == 0
+    deadline = time.monotonic() + 10
+    while xid_alive() or trace.count("nvmlShutdown") == 0:  # the watcher, on its way out, shuts NVML down
+        assert time.monotonic() < deadline, f"NVML never shut down after close(): {trace.counts()}"
+        time.sleep(0.01)
+    symbols = [s for s, _ in trace.lines()]
+    assert symbols.count("nvmlShutdown") == 1, [s for s in symbols if "Shutdown" in s or "Init" in s or "EventSet" in s]
+    last_wait = len(symbols) - 1 - symbols[::-1].index("nvmlEventSetWait_v2")
+    assert last_wait < symbols.index("nvmlEventSetFree") < symbols.index("nvmlShutdown")

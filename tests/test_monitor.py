@@ -164,6 +164,9 @@ def test_close_stops_the_thread_and_releases_the_monitor(nvml, log):
     gc.collect()
     assert gpu_threads() == before  # 30 cycles, no thread left behind
     assert ref is not None and ref() is None  # nor the monitor itself
+    # close() does not wait out the XID watcher's event wait: each watcher shuts its NVML
+    # down on its way out, within one wait
+    wait_until(lambda: trace.count("nvmlShutdown") == 30)
     assert trace.count("nvmlInitWithFlags") == trace.count("nvmlShutdown") == 30
 
 
@@ -234,8 +237,8 @@ def test_a_hung_nvml_shutdown_is_bounded(nvml, log):
     m.snapshot()
     scenario.update(**{"delay_ms.nvmlShutdown": 3000})
     started = time.monotonic()
-    m.close(drain=0.5)
-    assert time.monotonic() - started < 2.0  # drain 0.5 s, not the 3 s shutdown
+    m.close(drain=0.5, release=0.5)  # the CLI's way: wait for the release, bounded
+    assert time.monotonic() - started < 2.0  # drain and release 0.5 s each, not the 3 s shutdown
     assert any("still in flight at shutdown" in text for text in log[1].messages(logging.WARNING))
 
 

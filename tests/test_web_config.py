@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from exporter.web_config import WebConfigError, parse
 from fakenvml import REPO, nvml_env
 
 EXAMPLE = REPO / "examples" / "web-config.yml"
+PLACEHOLDER = "REPLACE-WITH-A-BCRYPT-HASH"
 HASH = bcrypt.hashpw(b"secret", bcrypt.gensalt(4)).decode()
 
 
@@ -32,21 +34,50 @@ def tls_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_example_file_parses(tls_dir):
+def _example_with_a_hash(tls_dir: Path, password: str) -> Path:
+    """The example as its comment says to finish it: the placeholder replaced by the hash that
+    the comment's own python3 command prints (so the command shown is one that works)."""
+    text = EXAMPLE.read_text()
+    command = re.search(r"python3 -c '([^']+)'", text)
+    assert command, "the example shows the python3 command that makes a hash"
+    code = command.group(1).replace('b"your-password"', repr(password.encode()))
+    hashed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert PLACEHOLDER in text
+    path = tls_dir / "web-config.yml"
+    path.write_text(text.replace(PLACEHOLDER, hashed))
+    return path
+
+
+def test_example_ships_no_working_hash_and_says_how_to_make_one(tls_dir):
+    # a copied example must not let "change-me" (or any password) in: its placeholder is not
+    # a bcrypt hash, so the start fails with one line saying how to make one
+    text = EXAMPLE.read_text()
+    assert not re.search(r"\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}", text), "examples/web-config.yml ships a bcrypt hash"
+    assert "htpasswd -nBC 10" in text
     shutil.copy(EXAMPLE, tls_dir / "web-config.yml")
-    config = web_config.load(tls_dir / "web-config.yml")
+    with pytest.raises(WebConfigError, match=r"basic_auth_users.prometheus: not a bcrypt hash.*htpasswd -nBC 10"):
+        web_config.load(tls_dir / "web-config.yml")
+    result = subprocess.run([sys.executable, "-m", "exporter", f"--web.config.file={tls_dir / 'web-config.yml'}",
+                             "--gpu.backend=none"], env=nvml_env(None, None), cwd=REPO, capture_output=True, text=True,
+                            timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "htpasswd -nBC 10" in lines[0], result.stderr
+
+
+def test_example_file_parses(tls_dir):
+    config = web_config.load(_example_with_a_hash(tls_dir, "s3cret"))
     assert config.tls is not None and config.tls.client_ca_file == tls_dir / "client-ca.crt"
     assert ("X-Frame-Options", "deny") in config.headers
-    assert bcrypt.checkpw(b"change-me", config.users["prometheus"])
+    assert bcrypt.checkpw(b"s3cret", config.users["prometheus"])
+    assert not bcrypt.checkpw(b"change-me", config.users["prometheus"])
 
 
 def test_promtool_accepts_the_example(tls_dir):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool missing: scripts/test.sh installs Debian's prometheus package")
-    shutil.copy(EXAMPLE, tls_dir / "web-config.yml")
-    result = subprocess.run([promtool, "check", "web-config", str(tls_dir / "web-config.yml")],
-                            capture_output=True, text=True, timeout=60)
+    path = _example_with_a_hash(tls_dir, "s3cret")
+    result = subprocess.run([promtool, "check", "web-config", str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

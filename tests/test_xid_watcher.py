@@ -361,6 +361,36 @@ def test_a_stop_that_times_out_never_leaves_two_threads(nvml, make):
     assert len(xid_threads()) == 1
 
 
+
+def test_stop_with_on_exit_returns_at_once_and_the_thread_calls_back_once_out_of_nvml(nvml, make):
+    # what the backend's close() does: no waiting out a wait (close stays prompt); the
+    # watcher, on its way out, tells the backend that NVML may now be shut down
+    scenario, trace = nvml
+    watcher = make(wait_ms=100)
+    watcher.watch(devices())
+    wait_until(lambda: builds(trace) == 1)
+    scenario.update(**{"delay_ms.nvmlEventSetWait_v2": 800})
+    waits = trace.count("nvmlEventSetWait_v2")
+    wait_until(lambda: trace.count("nvmlEventSetWait_v2") >= waits + 2, what="a delayed wait")
+    seen: list[tuple[list[str], bool, str]] = []
+
+    def on_exit() -> None:  # on the watcher's own thread: stop() from it must answer, not join itself
+        seen.append(([s for s, _ in trace.lines()], watcher.stop(0.0), threading.current_thread().name))
+
+    assert not watcher.stop(0.0, on_exit=on_exit)  # inside its 0.8 s wait: not done yet
+    assert len(xid_threads()) == 1 and seen == []
+    wait_until(lambda: seen, what="the on_exit call")
+    symbols, stopped, thread = seen[0]
+    assert stopped is True and thread == THREAD_NAME
+    assert symbols.count("nvmlEventSetFree") == 1 and symbols[-1] == "nvmlEventSetFree"  # freed, then told
+    wait_until(lambda: not xid_threads(), what="the stopped thread ended")
+    assert len(seen) == 1
+    scenario.update(**{"delay_ms.nvmlEventSetWait_v2": None})
+    watcher.watch(devices())  # a new thread does not inherit the old callback
+    wait_until(lambda: builds(trace) == 2)
+    assert watcher.stop(5.0) and len(seen) == 1
+
+
 # -- the fake's event sets themselves ----------------------------------------------------
 
 
