@@ -108,12 +108,6 @@ class Unwrap:
         return total
 
     def forget(self, device: str) -> None:
-        """A device that will never be read again (keys are (device, ...) tuples)."""
-        with self._lock:
-            for key in [k for k in self._state if isinstance(k, tuple) and k and k[0] == device]:
-                del self._state[key]
-
-    def forget(self, device: str) -> None:
         """A device that will never be served again (keys are (device, ...)): its state goes."""
         with self._lock:
             for key in [k for k in self._state if isinstance(k, tuple) and k and k[0] == device]:
