@@ -27,8 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from fake_sysfs import FakeSysfs, mi300x  # noqa: E402  (the test rig's builder)
 
-from exporter.backends import GpuOptions  # noqa: E402
-from exporter.backends.amdgpu_sysfs import AmdgpuBackend  # noqa: E402
+from resmon_exporter.backends import GpuOptions  # noqa: E402
+from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend  # noqa: E402
 
 FAKE_SMI = REPO / "tests" / "fake_smi" / "fake_smi.py"
 
@@ -71,7 +71,7 @@ def main() -> int:
     assert reading.device_count == args.gpus and all(d.up for d in reading.devices), reading
     rows = [("amdgpu (sysfs)", *timed(amd.read, 50 if args.quick else 1000))]
     try:
-        from exporter.backends.gpu_tracker import GpuTrackerBackend
+        from resmon_exporter.backends.gpu_tracker.backend import GpuTrackerBackend
     except ImportError:
         print("gpu-tracker extra not installed: its line is left out", file=sys.stderr)
     else:

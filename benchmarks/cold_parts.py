@@ -42,11 +42,11 @@ def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
 def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]:
     from prometheus_client.exposition import generate_latest
 
-    from exporter.collector import ResourceCollector
-    from exporter.host import HostReader
-    from exporter.monitor import ResourceMonitor
-    from exporter.render import Renderer
-    from exporter.web import DEFAULT_COLLECTORS, PinnedExposition
+    from resmon_exporter.collectors.gpu import ResourceCollector
+    from resmon_exporter.host import HostReader
+    from resmon_exporter.monitor import ResourceMonitor
+    from resmon_exporter.http.render import Renderer
+    from resmon_exporter.http.routes import DEFAULT_COLLECTORS, PinnedExposition
 
     scenario = Scenario(root / f"scenario-{count}.txt", machine(count))
     os.environ["FAKE_NVML_SCENARIO"] = str(scenario.path)

@@ -33,7 +33,7 @@ def rss_kib(pid: int) -> int:
 
 def start(cfg: Path) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "--gpu.backend=none", "--web.listen-address=127.0.0.1:0",
+        [sys.executable, "-m", "resmon_exporter", "--gpu.backend=none", "--web.listen-address=127.0.0.1:0",
          f"--web.config.file={cfg}", "--web.read-header-timeout=60s"],
         cwd=REPO, stderr=subprocess.PIPE, text=True,
     )

@@ -130,7 +130,7 @@ class Env:
 def start_exporter(env: dict[str, str], *flags: str) -> tuple[subprocess.Popen, int, float]:
     """Start the CLI; return the process, its port and seconds from start to /-/ready."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--web.listen-address=127.0.0.1:0", *flags],
+    proc = subprocess.Popen([sys.executable, "-m", "resmon_exporter", "--web.listen-address=127.0.0.1:0", *flags],
                             env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
     port = None
     assert proc.stderr is not None
@@ -258,9 +258,9 @@ def scrape_latencies(port: int, n: int, accept: str | None, gz: bool) -> list[fl
 def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter import ResourceCollector, ResourceMonitor
-    from exporter.collector import snapshot_families
-    from exporter.render import Renderer
+    from resmon_exporter import ResourceCollector, ResourceMonitor
+    from resmon_exporter.collectors.gpu import snapshot_families
+    from resmon_exporter.http.render import Renderer
 
     if kind in ("refresh", "refresh-processes"):
         # the XID watcher is not part of a refresh (its waits would count as refresh calls)

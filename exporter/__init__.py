@@ -8,7 +8,7 @@ import logging as _logging
 
 from .logs import LOGGER_NAME as _LOGGER_NAME
 from .monitor import ResourceMonitor
-from .collector import ResourceCollector
+from .collectors.gpu import ResourceCollector
 from .version import __version__
 
 # A library stays quiet unless the application configures logging.

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 
-from .backends import BACKEND_CHOICES, BackendError
+from .backends.base import BACKEND_CHOICES, BackendError
 from .version import __version__
 
 PROG = "resmon-exporter"
@@ -79,7 +79,7 @@ def _telemetry_path(text: str) -> str:
 
 
 def _listen_address(text: str) -> str:
-    from .web import parse_listen_address
+    from .http.routes import parse_listen_address
 
     parse_listen_address(text)
     return text
@@ -319,8 +319,8 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
 
     from . import logs
     from .monitor import ResourceMonitor
-    from .serve import serve
-    from .web_config import WebConfigError, WebConfigSource
+    from .http.serve import serve
+    from .http.web_config import WebConfigError, WebConfigSource
 
     log = logs.setup(config.log_level, config.log_format)
     for warning in warnings:

@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Mapping
 
-from . import attribution
-from .backends import GpuBackend, GpuOptions, make_backend
+from .attribution import join as attribution
+from .backends.base import GpuBackend, GpuOptions
+from .backends import make_backend
 from .host import HostReader
-from .kubernetes.deviceids import HostGpus, normalise_pci
-from .kubernetes.kubelet import KubeletReader
-from .kubernetes.podlogs import LogNames
+from .attribution.deviceids import HostGpus, normalise_pci
+from .attribution.kubelet import KubeletReader
+from .attribution.podlogs import LogNames
 from .logs import LOGGER_NAME, fields
-from .procfs import DeadlineReader, ProcReader
+from .attribution.procfs import DeadlineReader, ProcReader
 from .samples import AllocationSample, CollectorStatus, GpuReading, HostSample, PartStatus, ProcessSample, Snapshot
 
 GIB = 1024**3

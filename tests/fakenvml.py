@@ -273,7 +273,7 @@ class Exporter:
     """The real CLI as a subprocess on a loopback port picked by the kernel."""
 
     def __init__(self, args: Iterable[str], env: dict[str, str], command: list[str] | None = None) -> None:
-        cmd = (command or [sys.executable, "-m", "exporter"]) + ["--web.listen-address=127.0.0.1:0", *args]
+        cmd = (command or [sys.executable, "-m", "resmon_exporter"]) + ["--web.listen-address=127.0.0.1:0", *args]
         self.proc = subprocess.Popen(
             cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

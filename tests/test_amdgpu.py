@@ -17,11 +17,11 @@ from typing import Callable, Iterator, TypeVar
 
 import pytest
 
-from exporter import ResourceMonitor
-from exporter import sysfs_errors as sysfs
-from exporter.backends import BackendError, GpuOptions, make_backend
-from exporter.backends.amdgpu_sysfs import AmdgpuBackend, find_cards
-from exporter.samples import GpuReading
+from resmon_exporter import ResourceMonitor
+from resmon_exporter.backends.amdgpu import errors as sysfs
+from resmon_exporter.backends import BackendError, GpuOptions, make_backend
+from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
+from resmon_exporter.samples import GpuReading
 from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
 
 HERE = Path(__file__).parent

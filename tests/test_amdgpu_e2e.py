@@ -195,7 +195,7 @@ def test_auto_without_amdgpu_cards_is_not_amdgpu(amd, tmp_path):
 @pytest.mark.e2e
 def test_explicit_amdgpu_without_cards_exits_2_with_one_line(tmp_path):
     FakeSysfs(tmp_path / "sys").other_card()
-    result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=amdgpu", f"--path.sysfs={tmp_path / 'sys'}",
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--gpu.backend=amdgpu", f"--path.sysfs={tmp_path / 'sys'}",
                              "--web.listen-address=127.0.0.1:0"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("resmon-exporter: error: --gpu.backend=amdgpu: no card")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporter import attribution
-from exporter.kubernetes.kubelet import KubeletState
-from exporter.kubernetes.podlogs import ContainerName, PodName, container_names, pod_names
-from exporter.kubernetes.podresources import Allocation
-from exporter.process_collector import allocation_families, process_families
-from exporter.procfs import ProcReader
-from exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample, ProcessSample
+from resmon_exporter.attribution import join as attribution
+from resmon_exporter.attribution.kubelet import KubeletState
+from resmon_exporter.attribution.podlogs import ContainerName, PodName, container_names, pod_names
+from resmon_exporter.attribution.podresources import Allocation
+from resmon_exporter.collectors.processes import allocation_families, process_families
+from resmon_exporter.attribution.procfs import ProcReader
+from resmon_exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample, ProcessSample
 from workloads import CID, UID, UID2, procfs_tree, systemd_containerd
 
 G0, G1 = "GPU-00000000-0000-4000-8000-000000000000", "GPU-11111111-1111-4111-8111-111111111111"

@@ -17,7 +17,7 @@ import bcrypt
 import pytest
 
 from certs import CA
-from exporter.web_config import Authenticator
+from resmon_exporter.http.web_config import Authenticator
 from scenarios import three_gpus
 from test_http_framing import Wire, basic, get
 
@@ -209,7 +209,7 @@ def test_a_fifo_as_web_config_does_not_freeze_serving(run_exporter, machine, aut
 
 
 def test_a_reload_keeps_verified_credentials_whose_hash_did_not_change(run_exporter, machine, tmp_path):
-    from exporter.server import BCRYPT_QUEUE
+    from resmon_exporter.http.server import BCRYPT_QUEUE
 
     cfg = tmp_path / "web.yml"
     alice = hashed(b"pw", 12).decode()  # about 0.25 s a check: concurrent checks pile up

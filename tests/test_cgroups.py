@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.cgroups import ContainerRef, parse_cgroup
+from resmon_exporter.attribution.cgroups import ContainerRef, parse_cgroup
 
 UID = "1234abcd-5678-90ef-a1b2-c3d4e5f60718"
 UID_ = UID.replace("-", "_")  # how the systemd driver writes it

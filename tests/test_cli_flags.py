@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from exporter.cli import UsageError, parse_config
+from resmon_exporter.cli import UsageError, parse_config
 from fakenvml import REPO, nvml_env
 from scenarios import three_gpus
 
@@ -17,7 +17,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
     full_env = nvml_env(None, None)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "exporter", *args], env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "resmon_exporter", *args], env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -76,7 +76,7 @@ def test_explicit_nvml_whose_init_hangs_is_a_bounded_startup_error(fake_libs, sc
     env = nvml_env(fake_libs["current"], scenario)
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "exporter", "--gpu.backend=nvml", "--collect.timeout=1s", "--web.listen-address=127.0.0.1:0"],
+        [sys.executable, "-m", "resmon_exporter", "--gpu.backend=nvml", "--collect.timeout=1s", "--web.listen-address=127.0.0.1:0"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=30,
     )
     assert time.monotonic() - started < 20  # the init hangs for 60 s; the bound is --collect.timeout
@@ -84,7 +84,7 @@ def test_explicit_nvml_whose_init_hangs_is_a_bounded_startup_error(fake_libs, sc
 
 
 def test_the_readme_lists_every_flag_with_its_environment_variable():
-    from exporter.cli import FLAGS
+    from resmon_exporter.cli import FLAGS
 
     readme = (REPO / "README.md").read_text()
     for flag in FLAGS:

@@ -17,7 +17,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) 
     full_env = nvml_env(None, None)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "exporter", *args], env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "resmon_exporter", *args], env=full_env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -54,7 +54,7 @@ def test_bad_input_is_one_line_and_exit_2(args, env, needle):
 
 def test_version_and_help():
     version = run_cli("--version")
-    from exporter.version import __version__
+    from resmon_exporter.version import __version__
 
     assert version.returncode == 0 and version.stdout.startswith(f"resmon-exporter {__version__}")
     help_text = run_cli("--help").stdout

@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import scenarios as sc
-from exporter import ResourceMonitor
-from exporter.backends import GpuOptions
-from exporter.backends.nvml import NvmlBackend
-from exporter.collector import snapshot_families
-from exporter.counters import Monotonic
+from resmon_exporter import ResourceMonitor
+from resmon_exporter.backends import GpuOptions
+from resmon_exporter.backends.nvml.backend import NvmlBackend
+from resmon_exporter.collectors.gpu import snapshot_families
+from resmon_exporter.counters import Monotonic
 from fakenvml import Scenario, load_in_process
 
 UNKNOWN = 999

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.kubernetes.deviceids import DeviceRef, normalise_pci, parse_device_id
+from resmon_exporter.attribution.deviceids import DeviceRef, normalise_pci, parse_device_id
 
 GPU = "GPU-8d1f3a2b-6c4e-11ee-9a4b-0242ac120002"
 MIG = "MIG-2ce7a541-81ea-5f2d-a4d6-9c5e3b1f0a77"

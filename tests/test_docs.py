@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tarfile
 
-from exporter.cli import FLAGS
-from exporter.collector import FAMILIES
+from resmon_exporter.cli import FLAGS
+from resmon_exporter.collectors.gpu import FAMILIES
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine, profiling_machine
@@ -206,7 +206,7 @@ def code_backend_names() -> set[str]:
 
 
 def test_backend_info_lists_every_backend():
-    from exporter.backends import BACKEND_CHOICES
+    from resmon_exporter.backends import BACKEND_CHOICES
 
     code = code_backend_names()
     assert code == set(BACKEND_CHOICES) - {"auto"}, code  # every choice is a backend with that name

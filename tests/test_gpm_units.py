@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from exporter.backends.nvml_gpm import MAX_WINDOW, MIN_WINDOW, GpmReader, convert
-from exporter.backends.nvml_health import HealthReader
+from resmon_exporter.backends.nvml.gpm import MAX_WINDOW, MIN_WINDOW, GpmReader, convert
+from resmon_exporter.backends.nvml.health import HealthReader
 from fakenvml import MIB, Scenario, load_in_process
 
 
@@ -162,7 +162,7 @@ def test_a_missing_symbol_turns_off_what_needs_it_until_the_next_init(gpu):
 
 
 def test_a_library_fault_in_a_sample_call_keeps_the_buffer(gpu):
-    from exporter.nvml_errors import BackendDown
+    from resmon_exporter.backends.nvml.errors import BackendDown
 
     read = lambda: gpu.reader.read("k", gpu.handle, gpu.ask)  # noqa: E731
     assert read() is None

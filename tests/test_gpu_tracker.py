@@ -112,15 +112,13 @@ def test_gpu_tracker_private_api_contract():
         assert "ram_column" in inspect.signature(querier._query_gpu).parameters
     assert isinstance(inspect.getattr_static(gt._GPUQuerier, "_query_gpu"), classmethod)
 
-    from exporter.backends import gpu_tracker_adapter as adapter
-
-    # our AMD id map is a plain dict, not upstream's classmethod-property (broken on 3.13)
+    from resmon_exporter.backends.gpu_tracker import adapter  # our AMD id map is a plain dict, not upstream's classmethod-property (broken on 3.13)
     assert isinstance(inspect.getattr_static(adapter._AMD, "_id_to_uuid"), dict)
     assert adapter._Nvidia.__mro__.index(adapter._Bounded) > adapter._Nvidia.__mro__.index(gt._NvidiaQuerier)
 
 
 def test_adapter_reads_through_gpu_trackers_parsers(smi, monkeypatch):
-    from exporter.backends import gpu_tracker_adapter as adapter
+    from resmon_exporter.backends.gpu_tracker import adapter
 
     smi.install("nvidia-smi", "amd-smi").write({"nvidia": NVIDIA_TWO, "amd": AMD_TWO})
     for key, value in smi.env({}).items():
@@ -251,7 +249,7 @@ def test_extra_not_installed(smi, start, tmp_path):
     smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
     env = smi.env(nvml_env(None, None))
     env.update(no_gpu_tracker_env(tmp_path))
-    result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -265,7 +263,7 @@ def test_extra_not_installed(smi, start, tmp_path):
 
 def test_explicit_gpu_tracker_without_any_cli_is_a_startup_error(smi):
     env = smi.env(nvml_env(None, None))
-    result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--gpu.backend=gpu-tracker"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "neither nvidia-smi nor amd-smi answers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -301,7 +299,7 @@ def test_auto_uses_amd_when_nvml_sees_no_gpu(smi, start, scenario):
 MAI = textwrap.dedent(
     """
     import json, sys
-    from exporter import ResourceMonitor
+    from resmon_exporter import ResourceMonitor
     m = ResourceMonitor(gpu_backend=sys.argv[1])
     print(json.dumps({"res": m.get_current_resources(), "mods": [n for n in ("pandas", "gpu_tracker") if n in sys.modules]}))
     """

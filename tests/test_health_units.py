@@ -9,8 +9,8 @@ import struct
 import pynvml
 import pytest
 
-from exporter.backends.nvml_busy import BusyIntegrator
-from exporter.backends.nvml_fields import decode, in_range
+from resmon_exporter.backends.nvml.busy import BusyIntegrator
+from resmon_exporter.backends.nvml.fields import decode, in_range
 
 
 def entry(value_type: int, member: str, value: float | int, rc: int = 0) -> pynvml.c_nvmlFieldValue_t:
@@ -162,8 +162,8 @@ def test_values_outside_0_to_100_are_clamped():
 
 def test_not_supported_is_remembered_for_a_while_then_asked_again(monkeypatch):
     # remapped rows answer NOT_SUPPORTED only while MIG instances exist: not for good
-    from exporter.backends import nvml_health
-    from exporter.nvml_errors import DeviceDown
+    from resmon_exporter.backends.nvml import health as nvml_health
+    from resmon_exporter.backends.nvml.errors import DeviceDown
 
     answers = [None, (2, 0, 0, 0)]
     calls = []

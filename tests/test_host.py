@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from exporter.host import HostReader
+from resmon_exporter.host import HostReader
 
 T = TypeVar("T")
 

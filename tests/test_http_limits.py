@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from certs import CA
-from exporter.server import HttpServer
+from resmon_exporter.http.server import HttpServer
 from fakenvml import Records
 from scenarios import three_gpus
 from test_http_framing import Wire, get

@@ -230,7 +230,7 @@ def test_a_gpu_the_refresh_never_started_is_not_called_in_flight(fake_libs, tmp_
     # were never started, which is what the log must say (not "in flight")
     import logging
 
-    from exporter.backends.nvml import NvmlBackend
+    from resmon_exporter.backends.nvml.backend import NvmlBackend
     from fakenvml import Scenario, load_in_process
 
     load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")

@@ -11,8 +11,8 @@ import time
 
 import grpc
 
-from exporter.kubernetes import kubelet as kubelet_module
-from exporter.kubernetes.kubelet import KubeletReader
+from resmon_exporter.attribution import kubelet as kubelet_module
+from resmon_exporter.attribution.kubelet import KubeletReader
 from fake_kubelet import Container, Device, FakeKubelet, Pod
 
 PODS = [Pod("ns", "p", [Container("c", [Device("nvidia.com/gpu", ["GPU-1"])])])]
@@ -195,7 +195,7 @@ def test_start_imports_grpc_where_the_socket_exists_not_on_the_first_list(kubele
     kubelet.start()
     code = (
         "import sys\n"
-        "from exporter.monitor import ResourceMonitor\n"
+        "from resmon_exporter.monitor import ResourceMonitor\n"
         "m = ResourceMonitor(collect_gpu=False, pod_resources_socket=sys.argv[1])\n"
         "m.start()\n"
         "print('grpc' in sys.modules)\n"

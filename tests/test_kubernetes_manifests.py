@@ -24,8 +24,8 @@ import yaml
 from cloudcoil.models.prometheus_operator import v1 as promop
 from pydantic import ValidationError as PydanticValidationError
 
-from exporter.cli import FLAGS, parse_config
-from exporter.version import __version__
+from resmon_exporter.cli import FLAGS, parse_config
+from resmon_exporter.version import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     from prometheus_client import CollectorRegistry, generate_latest
-    from exporter import ResourceCollector, ResourceMonitor
+    from resmon_exporter import ResourceCollector, ResourceMonitor
 
     monitor = ResourceMonitor(cache_ttl=float(sys.argv[1]))
     registry = CollectorRegistry()
@@ -142,7 +142,7 @@ def machine(fake_libs, tmp_path_factory, tmp_path, monkeypatch):
     """machine(available_gib, gpu=..., **monitor kwargs) -> ResourceMonitor on that machine."""
     import psutil
 
-    from exporter import ResourceMonitor
+    from resmon_exporter import ResourceMonitor
     from fakenvml import Scenario, load_in_process
 
     load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")

@@ -135,7 +135,7 @@ def test_exporter_families(run_exporter, machine):
     s = exporter.scrape()
     import platform
 
-    from exporter.version import __version__
+    from resmon_exporter.version import __version__
 
     assert s.value("resmon_build_info", version=__version__, python_version=platform.python_version()) == 1
     for collector in ("gpu", "host"):

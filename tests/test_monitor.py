@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 import scenarios as sc
-from exporter import ResourceMonitor
-from exporter.backends import GpuOptions
-from exporter.backends.nvml import NvmlBackend
-from exporter.samples import GpuReading
+from resmon_exporter import ResourceMonitor
+from resmon_exporter.backends import GpuOptions
+from resmon_exporter.backends.nvml.backend import NvmlBackend
+from resmon_exporter.samples import GpuReading
 from fakenvml import Records, Scenario, Trace, load_in_process
 from scenarios import DRIVER_NOT_LOADED, UNKNOWN, three_gpus
 

@@ -73,7 +73,7 @@ def test_explicit_nvml_that_cannot_work_is_a_startup_error(fake_libs, tmp_path, 
     empty.mkdir()
     for lib_dir, needle in ((empty, "NVML Shared Library Not Found"), (fake_libs["current"], "Driver Not Loaded")):
         scenario.write({"init": DRIVER_NOT_LOADED})
-        result = subprocess.run([sys.executable, "-m", "exporter", "--gpu.backend=nvml"], env=nvml_env(lib_dir, scenario),
+        result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--gpu.backend=nvml"], env=nvml_env(lib_dir, scenario),
                                 cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2
         lines = result.stderr.strip().splitlines()
@@ -254,7 +254,7 @@ def test_a_departed_gpu_is_forgotten_after_a_while(fake_libs, tmp_path_factory, 
     # the time bound, without waiting minutes: the backend's own setting, in process
     import time
 
-    from exporter.backends.nvml import NvmlBackend
+    from resmon_exporter.backends.nvml.backend import NvmlBackend
     from fakenvml import Scenario, load_in_process
 
     load_in_process(fake_libs["current"], tmp_path_factory.getbasetemp() / "in-process-trace.txt")

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from exporter import ResourceMonitor
-from exporter.cgroups import parse_cgroup
-from exporter.kubernetes.podlogs import ContainerName, PodName, container_names, pod_names
-from exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
+from resmon_exporter import ResourceMonitor
+from resmon_exporter.attribution.cgroups import parse_cgroup
+from resmon_exporter.attribution.podlogs import ContainerName, PodName, container_names, pod_names
+from resmon_exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from workloads import procfs_tree, systemd_containerd
 
 UID = "1234abcd-5678-90ef-a1b2-c3d4e5f60718"
@@ -222,7 +222,7 @@ def test_a_hundred_thousand_pod_directories_are_not_listed_on_each_refresh(
             assert rows and (rows[0].namespace, rows[0].pod, rows[0].container) == ("ml", "train", "trainer")
         assert listed[0] - before <= 1, f"listed {listed[0] - before} times in 5 refreshes"
         # a new pod directory (the directory's mtime changes) is seen without a restart
-        from exporter.kubernetes.podlogs import Names
+        from resmon_exporter.attribution.podlogs import Names
 
         pod_dir(logs, f"ml_new_{OTHER}", "c")
         assert m._log_names is not None
@@ -235,7 +235,7 @@ def test_a_hundred_thousand_pod_directories_are_not_listed_on_each_refresh(
 def test_a_container_directory_made_after_its_pod_was_listed_is_seen(tmp_path: Path) -> None:
     """The kubelet makes the pod's directory first and a container's when it starts (an init
     container before the main one): the containers of asked-about pods are listed on each check."""
-    from exporter.kubernetes.podlogs import LogNames
+    from resmon_exporter.attribution.podlogs import LogNames
 
     logs = tmp_path / "pods"
     pod = pod_dir(logs, f"ml_train_{UID}", "init")

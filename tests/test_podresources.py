@@ -26,8 +26,8 @@ from fake_kubelet import (
     short_socket_dir,
 )
 
-from exporter.kubernetes.deviceids import HostGpus, parse_device_id
-from exporter.kubernetes.podresources import (
+from resmon_exporter.attribution.deviceids import HostGpus, parse_device_id
+from resmon_exporter.attribution.podresources import (
     MAX_RECEIVE_BYTES,
     Allocation,
     PodResourcesError,
@@ -422,7 +422,7 @@ def test_without_grpc_the_error_says_what_to_install(kubelet: FakeKubelet, monke
 
 def test_importing_the_package_does_not_import_grpc() -> None:
     code = (
-        "import sys, exporter.kubernetes, exporter.kubernetes.podresources, exporter.kubernetes.deviceids\n"
+        "import sys, resmon_exporter.attribution, resmon_exporter.attribution.podresources, resmon_exporter.attribution.deviceids\n"
         "print(sorted(m for m in sys.modules if m == 'grpc' or m.startswith(('grpc.', 'google.protobuf'))))\n"
     )
     root = Path(__file__).resolve().parent.parent

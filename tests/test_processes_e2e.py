@@ -161,7 +161,7 @@ def test_max_per_gpu_keeps_the_largest_of_200_processes(run_exporter, scenario, 
 
 def test_bad_procfs_is_a_usage_error(fake_libs, scenario):
     env = nvml_env(fake_libs["current"], scenario)
-    result = subprocess.run([sys.executable, "-m", "exporter", "--collector.processes", "--path.procfs=/nonexistent"],
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--collector.processes", "--path.procfs=/nonexistent"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--path.procfs=/nonexistent" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
@@ -169,7 +169,7 @@ def test_bad_procfs_is_a_usage_error(fake_libs, scenario):
 
 API_SCRIPT = """
 import json, sys
-from exporter import ResourceMonitor
+from resmon_exporter import ResourceMonitor
 with ResourceMonitor(collect_processes=True, procfs=sys.argv[1], pod_logs_dir=sys.argv[2]) as m:
     print(json.dumps({"on": m.get_gpu_processes()}))
 with ResourceMonitor() as m:

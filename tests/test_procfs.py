@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cgroups import ContainerRef, parse_cgroup
-from exporter import procfs
-from exporter.procfs import ProcReader
+from resmon_exporter.attribution.cgroups import ContainerRef, parse_cgroup
+from resmon_exporter.attribution import procfs
+from resmon_exporter.attribution.procfs import ProcReader
 from fakenvml import Scrape
 
 REPO = Path(__file__).resolve().parents[1]
@@ -422,7 +422,7 @@ def read_from_namespace(namespace_root: Path, pid: int) -> dict[str, object]:
     """ProcReader run by a process in a new cgroup namespace rooted at namespace_root."""
     code = (
         "import dataclasses, json, sys\n"
-        "from exporter.procfs import ProcReader\n"
+        "from resmon_exporter.attribution.procfs import ProcReader\n"
         "pid = int(sys.argv[1])\n"
         "info = ProcReader().read(pid)\n"
         "print(json.dumps({'cgroup': open(f'/proc/{pid}/cgroup').read(),"
@@ -474,7 +474,7 @@ def test_a_user_name_that_is_not_utf8_is_the_uid(monkeypatch: pytest.MonkeyPatch
 
 
 def test_the_cgroup_parse_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import exporter.procfs as procfs
+    import resmon_exporter.attribution.procfs as procfs
 
     monkeypatch.setattr(procfs, "_CGROUP_CACHE", 2)
     me = os.getpid()

@@ -10,8 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from exporter.backends import nvml_workers
-from exporter.backends.nvml_workers import DeviceWorker, Relay, Starts
+from resmon_exporter.backends.nvml import workers as nvml_workers
+from resmon_exporter.backends.nvml.workers import DeviceWorker, Relay, Starts
 from fakenvml import gpu_keys
 from scenarios import three_gpus
 

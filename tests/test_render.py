@@ -13,7 +13,7 @@ from prometheus_client.exposition import generate_latest as text_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from exporter.render import Renderer, go_float
+from resmon_exporter.http.render import Renderer, go_float
 from prometheus_client.utils import floatToGoString
 
 LEGACY = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True)
@@ -110,9 +110,9 @@ def test_a_changed_label_value_is_not_served_from_the_cache():
 
 import pytest  # noqa: E402
 
-from exporter import ResourceMonitor  # noqa: E402
-from exporter.collector import ResourceCollector  # noqa: E402
-from exporter.web import DEFAULT_COLLECTORS, PinnedExposition  # noqa: E402
+from resmon_exporter import ResourceMonitor  # noqa: E402
+from resmon_exporter.collectors.gpu import ResourceCollector  # noqa: E402
+from resmon_exporter.http.routes import DEFAULT_COLLECTORS, PinnedExposition  # noqa: E402
 from fakenvml import Scenario, load_in_process  # noqa: E402
 from scenarios import health_machine, profiling_machine, three_gpus  # noqa: E402
 

@@ -16,10 +16,11 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter.backends import GpuOptions, nvml_busy
-from exporter.backends.nvml import NvmlBackend
-from exporter.backends.nvml_busy import BusyIntegrator
-from exporter.nvml_errors import Fallback
+from resmon_exporter.backends import GpuOptions
+from resmon_exporter.backends.nvml import busy as nvml_busy
+from resmon_exporter.backends.nvml.backend import NvmlBackend
+from resmon_exporter.backends.nvml.busy import BusyIntegrator
+from resmon_exporter.backends.nvml.errors import Fallback
 from fakenvml import Scenario, Trace, gpu_keys, load_in_process
 
 ARGUMENT_VERSION_MISMATCH = 25

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import FLAGS, parse_config
+from resmon_exporter.cli import FLAGS, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "deploy" / "systemd" / "resmon-exporter.service"

@@ -10,13 +10,13 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import host as host_module
-from exporter import nvml_errors
-from exporter.cli import parse_config, parse_duration, UsageError
-from exporter.collector import ResourceCollector
-from exporter.logs import JsonFormatter, LogfmtFormatter, fields
-from exporter.samples import CollectorStatus, GpuIdentity, GpuReading, GpuSample, HostSample, Snapshot
-from exporter.web import parse_listen_address
+from resmon_exporter import host as host_module
+from resmon_exporter.backends.nvml import errors as nvml_errors
+from resmon_exporter.cli import parse_config, parse_duration, UsageError
+from resmon_exporter.collectors.gpu import ResourceCollector
+from resmon_exporter.logs import JsonFormatter, LogfmtFormatter, fields
+from resmon_exporter.samples import CollectorStatus, GpuIdentity, GpuReading, GpuSample, HostSample, Snapshot
+from resmon_exporter.http.routes import parse_listen_address
 from fakenvml import Scrape
 
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from certs import CA
-from exporter import web_config
-from exporter.web_config import WebConfigError, parse
+from resmon_exporter.http import web_config
+from resmon_exporter.http.web_config import WebConfigError, parse
 from fakenvml import REPO, nvml_env
 
 EXAMPLE = REPO / "examples" / "web-config.yml"
@@ -57,7 +57,7 @@ def test_example_ships_no_working_hash_and_says_how_to_make_one(tls_dir):
     shutil.copy(EXAMPLE, tls_dir / "web-config.yml")
     with pytest.raises(WebConfigError, match=r"basic_auth_users.prometheus: not a bcrypt hash.*htpasswd -nBC 10"):
         web_config.load(tls_dir / "web-config.yml")
-    result = subprocess.run([sys.executable, "-m", "exporter", f"--web.config.file={tls_dir / 'web-config.yml'}",
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", f"--web.config.file={tls_dir / 'web-config.yml'}",
                              "--gpu.backend=none"], env=nvml_env(None, None), cwd=REPO, capture_output=True, text=True,
                             timeout=60)
     lines = result.stderr.strip().splitlines()
@@ -170,7 +170,7 @@ def test_bad_config_is_a_one_line_startup_error(tls_dir, tmp_path):
     cases = ((bad, "not a bcrypt hash"), (tmp_path / "missing.yml", "cannot read"), (typed, "min_version: expected"),
              (fifo, "not a regular file"), (Path("/dev/zero"), "not a regular file"))
     for path, needle in cases:
-        result = subprocess.run([sys.executable, "-m", "exporter", f"--web.config.file={path}", "--gpu.backend=none"],
+        result = subprocess.run([sys.executable, "-m", "resmon_exporter", f"--web.config.file={path}", "--gpu.backend=none"],
                                 env=nvml_env(None, None), cwd=REPO, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2
         lines = result.stderr.strip().splitlines()
@@ -261,7 +261,7 @@ def test_without_a_web_config_neither_yaml_nor_bcrypt_is_loaded(tmp_path):
     users = tmp_path / "web.yml"
     users.write_text(f"basic_auth_users:\n  alice: {bcrypt.hashpw(b'secret', bcrypt.gensalt(4)).decode()}\n")
     probe = (
-        "import logging, sys; from pathlib import Path; from exporter.web_config import WebConfigSource\n"
+        "import logging, sys; from pathlib import Path; from resmon_exporter.http.web_config import WebConfigSource\n"
         "_, _, auth = WebConfigSource(None, logging.getLogger()).current()\n"
         "print(sorted(m for m in ('yaml', 'bcrypt') if m in sys.modules), auth.enabled, auth.check('alice', 'secret'))\n"
         "_, _, auth = WebConfigSource(Path(sys.argv[1]), logging.getLogger()).current()\n"

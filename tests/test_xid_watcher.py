@@ -16,8 +16,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from exporter.backends.nvml_xid import THREAD_NAME, XidWatcher
-from exporter.samples import XidState
+from resmon_exporter.backends.nvml.xid import THREAD_NAME, XidWatcher
+from resmon_exporter.samples import XidState
 from fakenvml import Scenario, Trace, load_in_process
 from scenarios import GPU_IS_LOST, three_gpus
 

@@ -1,76 +1,17 @@
-"""GPU backends: each turns one vendor interface into a GpuReading per refresh."""
+"""GPU backends: each turns one vendor interface into a GpuReading per refresh.
+
+nvml/ (NVIDIA, through pynvml), amdgpu/ (AMD, from sysfs), gpu_tracker/ (the vendor CLIs),
+auto (the first that works); each backend package owns its vendor's error boundary. The
+vendor packages are imported only when their backend is chosen.
+"""
 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
 
-from ..samples import GpuReading
+from .base import BACKEND_CHOICES, BackendError, GpuBackend, GpuOptions, NoGpuBackend, bounded
 
-BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "amdgpu", "gpu-tracker", "none")
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOptions:
-    """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes/
-    profiling/mig);
-    mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
-    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend."""
-
-    health: bool = True
-    nvlink: bool = True
-    xid: bool = True
-    processes: bool = False
-    profiling: bool = True
-    mig: bool = True
-    mig_devices: bool = False
-    sysfs: str = "/sys"
-
-
-class BackendError(Exception):
-    """A backend that was asked for explicitly cannot be used (a startup error)."""
-
-
-class GpuBackend(Protocol):
-    @property
-    def name(self) -> str:
-        """nvml, amdgpu, gpu-tracker or none: what resmon_gpu_backend_info reports."""
-        ...
-
-    def prepare(self) -> None:
-        """One-time start-up work (library init, probing vendor CLIs), run on the monitor's
-        GPU thread before the first read and outside every scrape deadline."""
-        ...
-
-    def read(self) -> GpuReading:
-        """Read every device once. Must not raise for device or driver faults."""
-        ...
-
-    def close(self) -> None:
-        """Release the vendor library; called once, when no read is in flight. A backend
-        with background work may also have interrupt(): called from the closing thread
-        first, so that work ends while the last read drains; and wait_released(timeout)
-        -> bool, when close() leaves the library's release to that work (NVML: the XID
-        watcher, inside its event wait, shuts NVML down on its way out)."""
-        ...
-
-
-class NoGpuBackend:
-    """Host metrics only: reports no devices."""
-
-    name = "none"
-
-    def prepare(self) -> None:
-        pass
-
-    def read(self) -> GpuReading:
-        return GpuReading(backend="none", success=True)
-
-    def close(self) -> None:
-        pass
+__all__ = ["BACKEND_CHOICES", "BackendError", "GpuBackend", "GpuOptions", "NoGpuBackend", "bounded", "make_backend"]
 
 
 def make_backend(
@@ -85,41 +26,19 @@ def make_backend(
 
         return AutoBackend(log, timeout, options)
     if choice == "nvml":
-        from .nvml import NvmlBackend
+        from .nvml.backend import NvmlBackend
 
         backend = NvmlBackend(log, explicit=True, options=options, device_timeout=timeout)
         if not bounded(backend.try_init, timeout, "--gpu.backend=nvml: nvmlInit"):
             raise BackendError(f"--gpu.backend=nvml: NVML cannot be initialised ({backend.last_error})")
         return backend
     if choice == "amdgpu":
-        from .amdgpu_sysfs import explicit_backend as amdgpu_backend
+        from .amdgpu.sysfs import explicit_backend as amdgpu_backend
 
         sysfs = (options or GpuOptions()).sysfs
         return bounded(lambda: amdgpu_backend(log, sysfs, options), timeout, "--gpu.backend=amdgpu: finding cards")
     if choice == "gpu-tracker":
-        from .gpu_tracker import explicit_backend
+        from .gpu_tracker.backend import explicit_backend
 
         return bounded(lambda: explicit_backend(log, timeout), timeout * 3 + 1, "--gpu.backend=gpu-tracker: probing")
     raise BackendError(f"unknown GPU backend {choice!r}; choose one of {', '.join(BACKEND_CHOICES)}")
-
-
-def bounded(fn: Callable[[], T], timeout: float, what: str) -> T:
-    """fn() on a daemon thread, waited for at most timeout seconds: a start-up call into a
-    wedged driver becomes a BackendError (a one-line startup error), not a hang."""
-    result: list[T] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:  # handed to the caller below
-            error.append(exc)
-
-    thread = threading.Thread(target=target, name="resmon-start", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise BackendError(f"{what} did not return within {timeout:g}s")
-    if error:
-        raise error[0]
-    return result[0]

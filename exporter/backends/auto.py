@@ -16,10 +16,10 @@ import time
 
 from ..logs import fields
 from ..samples import GpuReading
-from . import GpuOptions, NoGpuBackend
-from .amdgpu_sysfs import AmdgpuBackend, find_cards
-from .gpu_tracker import GpuTrackerBackend, detect_vendor, extra_installed
-from .nvml import NvmlBackend
+from .base import GpuOptions, NoGpuBackend
+from .amdgpu.sysfs import AmdgpuBackend, find_cards
+from .gpu_tracker.backend import GpuTrackerBackend, detect_vendor, extra_installed
+from .nvml.backend import NvmlBackend
 
 _CLI_RETRY_MIN, _CLI_RETRY_MAX = 30.0, 600.0
 

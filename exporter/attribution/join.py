@@ -15,11 +15,11 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Protocol
 
 from .cgroups import ContainerRef
-from .kubernetes.deviceids import DeviceRef, normalise_pci, parse_device_id
-from .kubernetes.kubelet import KubeletState
-from .kubernetes.podlogs import AMBIGUOUS, Names
+from .deviceids import DeviceRef, normalise_pci, parse_device_id
+from .kubelet import KubeletState
+from .podlogs import AMBIGUOUS, Names
 from .procfs import ProcessInfo
-from .samples import AllocationSample, GpuReading, GpuSample, ProcessSample
+from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 
 # Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI
 # ids are unique on the host whatever the resource is called.

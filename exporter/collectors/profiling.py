@@ -11,7 +11,7 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, GpuReading, GpuSample, ProfilingSample
+from ..samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, GpuReading, GpuSample, ProfilingSample
 from .series import GPU_LABELS, DeviceLabels
 from .series import put as _put
 

@@ -43,8 +43,8 @@ from typing import Any
 
 import h11
 
-from .logs import fields
-from .web import Request, Response, Route, Router, decode_path, origin_form, plain
+from ..logs import fields
+from .routes import Request, Response, Route, Router, decode_path, origin_form, plain
 from .web_config import WebConfigSource
 
 MAX_CONNECTIONS = 512

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from .. import nvml_errors
+from . import errors as nvml_errors
 
 RELAY_SECONDS = 0.001  # a read without progress for this long (1-2 ms in all) is passed
 BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy

@@ -19,9 +19,9 @@ from typing import Any
 
 import pynvml
 
-from exporter.logs import fields
-from exporter.nvml_errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe, field
-from exporter.samples import XidCount, XidState
+from ...logs import fields
+from .errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe, field
+from ...samples import XidCount, XidState
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
 THREAD_NAME = "resmon-xid"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .logs import fields
+from ..logs import fields
 
 
 class WebConfigError(Exception):

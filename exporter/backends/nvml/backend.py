@@ -22,30 +22,19 @@ from typing import Any, Callable
 
 import pynvml
 
-from .. import nvml_errors
-from ..counters import Monotonic, Unwrap
-from ..logs import fields
-from ..nvml_errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
-from ..samples import (
-    BUSY_ENGINES,
-    CLOCK_TYPES,
-    PROCESS_ENGINES,
-    GpuIdentity,
-    GpuProcess,
-    GpuReading,
-    GpuSample,
-    PartStatus,
-    XidState,
-    all_down,
-    in_order,
-)
-from . import GpuOptions, nvml_fields
-from .nvml_busy import BusyIntegrator, SampleStamps
-from .nvml_gpm import GpmReader
-from .nvml_mig import MigReader
-from .nvml_health import HealthReader
-from .nvml_workers import DeviceWorker, HandleCache, Starts, device_limit
-from .nvml_xid import XidWatcher
+from . import errors as nvml_errors
+from ...counters import Monotonic, Unwrap
+from ...logs import fields
+from .errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
+from ...samples import BUSY_ENGINES, CLOCK_TYPES, PROCESS_ENGINES, GpuIdentity, GpuProcess, GpuReading, GpuSample, PartStatus, XidState, all_down, in_order
+from ..base import GpuOptions
+from . import fields as nvml_fields
+from .busy import BusyIntegrator, SampleStamps
+from .gpm import GpmReader
+from .mig import MigReader
+from .health import HealthReader
+from .workers import DeviceWorker, HandleCache, Starts, device_limit
+from .xid import XidWatcher
 
 _U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
 _SAMPLE_TYPES = dict(zip(BUSY_ENGINES, (1, 2, 3, 4)))  # nvmlSamplingType_t: GPU, MEMORY, ENC, DEC

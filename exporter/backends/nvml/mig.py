@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import pynvml
 
-from .. import nvml_errors
-from ..nvml_errors import LOST_CODES, DeviceDown, Fallback
-from ..samples import MigDevice, MigInstance, MigState
-from .nvml_gpm import GpmReader
+from . import errors as nvml_errors
+from .errors import LOST_CODES, DeviceDown, Fallback
+from ...samples import MigDevice, MigInstance, MigState
+from .gpm import GpmReader
 
 _EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_INVALID_ARGUMENT})  # NOT_FOUND already comes back as None
 _PROFILE_MARK = " MIG "  # "NVIDIA H100 80GB HBM3 MIG 1g.10gb"

@@ -11,7 +11,7 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from .samples import AllocationSample, ProcessSample
+from ..samples import AllocationSample, ProcessSample
 from .series import GPU_LABELS
 from .series import put as _put
 

@@ -13,9 +13,9 @@ import logging
 import time
 from types import ModuleType
 
-from ..logs import fields
-from ..samples import GpuIdentity, GpuReading, GpuSample, all_down, in_order
-from . import BackendError
+from ...logs import fields
+from ...samples import GpuIdentity, GpuReading, GpuSample, all_down, in_order
+from ..base import BackendError
 
 MIB = 1048576
 INSTALL_HINT = 'pip install "resmon-exporter[gpu-tracker]"'
@@ -31,7 +31,7 @@ def extra_installed() -> bool:
 def load_adapter() -> ModuleType:
     """Import the adapter (and with it gpu-tracker and pandas); BackendError when missing."""
     try:
-        from . import gpu_tracker_adapter
+        from . import adapter as gpu_tracker_adapter
     except ImportError as exc:
         raise BackendError(f"the gpu-tracker backend needs its extra ({exc}); install it with: {INSTALL_HINT}") from None
     return gpu_tracker_adapter

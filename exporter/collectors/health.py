@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .samples import GpuReading, GpuSample
+from ..samples import GpuReading, GpuSample
 from .series import GPU_LABELS, DeviceLabels
 from .series import put as _put
 

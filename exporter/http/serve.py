@@ -14,15 +14,15 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import logs
-from .monitor import ResourceMonitor
+from .. import logs
+from ..monitor import ResourceMonitor
 from .server import HttpServer, Limits
-from .version import __version__
-from .web import Router, parse_listen_address
+from ..version import __version__
+from .routes import Router, parse_listen_address
 from .web_config import WebConfigSource
 
 if TYPE_CHECKING:
-    from .cli import Config
+    from ..cli import Config
 
 # in-flight requests may finish within this; the process is gone before docker stop's 10 s
 # SIGKILL (past the grace it exits at once, status 1)

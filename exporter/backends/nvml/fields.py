@@ -11,7 +11,7 @@ import math
 import struct
 from typing import Any, Iterable
 
-from .. import nvml_errors
+from . import errors as nvml_errors
 
 # Field ids (nvml.h, NVML_FI_DEV_*); pynvml lacks some constants on older bindings.
 MEMORY_TEMP = 82

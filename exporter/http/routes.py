@@ -22,11 +22,11 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from .collector import ResourceCollector
-from .monitor import ResourceMonitor
+from ..collectors.gpu import ResourceCollector
+from ..monitor import ResourceMonitor
 from .render import Renderer
-from .samples import Snapshot
-from .version import __version__
+from ..samples import Snapshot
+from ..version import __version__
 
 ALLOWED = "GET, HEAD"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"

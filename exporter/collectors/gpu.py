@@ -12,12 +12,12 @@ from typing import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from . import health_collector, process_collector, profiling_collector
-from .monitor import ResourceMonitor
-from .samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
+from . import health as health_collector, processes as process_collector, profiling as profiling_collector
+from ..monitor import ResourceMonitor
+from ..samples import THROTTLE_REASONS, CollectorStatus, GpuReading, GpuSample, HostSample, Snapshot
 from .series import GPU_LABELS
 from .series import put as _put
-from .version import __version__
+from ..version import __version__
 
 
 # (name, help, value getter) of per-GPU gauges with just the gpu and uuid labels.

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import pynvml
 
-from ..logs import fields as log_fields
-from ..nvml_errors import LOST_CODES, DeviceDown, Fallback
-from ..samples import GpuHealth, NvLinkSample
-from . import nvml_fields
+from ...logs import fields as log_fields
+from .errors import LOST_CODES, DeviceDown, Fallback
+from ...samples import GpuHealth, NvLinkSample
+from . import fields as nvml_fields
 
 _ECC_TYPES = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
 _ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
