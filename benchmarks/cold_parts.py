@@ -42,7 +42,7 @@ def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
 def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]:
     from prometheus_client.exposition import generate_latest
 
-    from resmon_exporter.collectors.gpu import ResourceCollector
+    from resmon_exporter.collectors.registry import ResourceCollector
     from resmon_exporter.host import HostReader
     from resmon_exporter.monitor import ResourceMonitor
     from resmon_exporter.http.render import Renderer

@@ -259,7 +259,7 @@ def inner(kind: str, count: int, repeats: int) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from resmon_exporter import ResourceCollector, ResourceMonitor
-    from resmon_exporter.collectors.gpu import snapshot_families
+    from resmon_exporter.collectors.registry import snapshot_families
     from resmon_exporter.http.render import Renderer
 
     if kind in ("refresh", "refresh-processes"):

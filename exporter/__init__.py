@@ -1,6 +1,6 @@
 """resmon-exporter: GPU (NVML) and host resources for Prometheus and for in-process use.
 
-    from exporter import ResourceMonitor
+    from resmon_exporter import ResourceMonitor
     ResourceMonitor().get_current_resources()
 """
 
@@ -8,7 +8,7 @@ import logging as _logging
 
 from .logs import LOGGER_NAME as _LOGGER_NAME
 from .monitor import ResourceMonitor
-from .collectors.gpu import ResourceCollector
+from .collectors.registry import ResourceCollector
 from .version import __version__
 
 # A library stays quiet unless the application configures logging.

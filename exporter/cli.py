@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 
 from .backends.base import BACKEND_CHOICES, BackendError
+from .config import COLLECTORS, GROUP_BY, POD_RESOURCES_SOCKET, Config
 from .version import __version__
 
 PROG = "resmon-exporter"
@@ -137,6 +138,12 @@ class Flag:
         return ENV_PREFIX + self.dest.upper()
 
 
+def _collector(name: str) -> Flag:
+    """--[no-]collector.NAME, its default and help from config.COLLECTORS (the one list)."""
+    spec = next(c for c in COLLECTORS if c.name == name)
+    return Flag(f"collector.{name}", spec.default, _bool, spec.help, boolean=True)
+
+
 FLAGS: tuple[Flag, ...] = (
     Flag("web.listen-address", ":9636", _listen_address, "Address to listen on, host:port (':9636' = all interfaces)."),
     Flag("web.telemetry-path", "/metrics", _telemetry_path, "Path under which to expose metrics."),
@@ -148,59 +155,26 @@ FLAGS: tuple[Flag, ...] = (
     Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, amdgpu, gpu-tracker or none."),
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
-    Flag("collector.gpu", True, _bool, "Enable the GPU collector.", boolean=True),
-    Flag("collector.health", True, _bool, "Enable the GPU health collector (ECC, retired pages, remapped rows, recovery action).", boolean=True),
-    Flag("collector.xid", True, _bool, "Enable the XID error event collector (one NVML event thread).", boolean=True),
-    Flag("collector.nvlink", True, _bool, "Enable the NVLink collector (inactive on GPUs without links).", boolean=True),
-    Flag("collector.profiling", True, _bool, "Enable GPM profiling ratios and bandwidths (Hopper and newer; absent elsewhere).", boolean=True),
-    Flag("collector.mig", True, _bool, "Enable MIG mode and per-instance series (inactive while no GPU has MIG).", boolean=True),
-    Flag("collector.processes", False, _bool, "Enable per-process GPU memory and utilization (process names and users become visible to scrapers).", boolean=True),
-    Flag("collector.processes.group-by", "process", _choice(("process", "container")), "One series per process, or per container (summed; no pid, process, user labels)."),
+    _collector("gpu"),
+    _collector("health"),
+    _collector("xid"),
+    _collector("nvlink"),
+    _collector("profiling"),
+    _collector("mig"),
+    _collector("processes"),
+    Flag("collector.processes.group-by", "process", _choice(GROUP_BY), "One series per process, or per container (summed; no pid, process, user labels)."),
     Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory (and allocation series per GPU)."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
     Flag("path.sysfs", "/sys", str, "sysfs mount point: where the amdgpu backend finds the cards (the host's /sys in a container)."),
-    Flag("collector.kubernetes", True, _bool, "Enable pod attribution from the kubelet PodResources socket (inactive without it).", boolean=True),
-    Flag("kubernetes.pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", _socket_path, "The kubelet's PodResources API socket."),
+    _collector("kubernetes"),
+    Flag("kubernetes.pod-resources-socket", POD_RESOURCES_SOCKET, _socket_path, "The kubelet's PodResources API socket."),
     Flag("kubernetes.cache-ttl", 5.0, _duration(_HOUR), "Reuse the kubelet's List answer this long."),
     Flag("kubernetes.pod-logs-dir", "/var/log/pods", str, "The kubelet's pod log directory: pod UID to namespace and name, for process series."),
     Flag("kubernetes.container-logs-dir", "/var/log/containers", str, "The kubelet's container log links: container id to its name, for process series."),
-    Flag("collector.host", True, _bool, "Enable the host CPU/memory collector.", boolean=True),
+    _collector("host"),
     Flag("log.level", "info", _choice(("debug", "info", "warn", "error")), "Log level: debug, info, warn, error."),
     Flag("log.format", "logfmt", _choice(("logfmt", "json")), "Log format: logfmt or json."),
 )
-
-
-@dataclass(frozen=True)
-class Config:
-    web_listen_address: str
-    web_telemetry_path: str
-    web_config_file: str
-    web_max_requests: int
-    web_read_header_timeout: float
-    web_idle_timeout: float
-    web_timeout_offset: float
-    gpu_backend: str
-    collect_cache_ttl: float
-    collect_timeout: float
-    collector_gpu: bool
-    collector_health: bool
-    collector_xid: bool
-    collector_nvlink: bool
-    collector_profiling: bool
-    collector_mig: bool
-    collector_processes: bool
-    collector_processes_group_by: str
-    collector_processes_max_per_gpu: int
-    path_procfs: str
-    path_sysfs: str
-    collector_kubernetes: bool
-    kubernetes_pod_resources_socket: str
-    kubernetes_cache_ttl: float
-    kubernetes_pod_logs_dir: str
-    kubernetes_container_logs_dir: str
-    collector_host: bool
-    log_level: str
-    log_format: str
 
 
 class _BooleanFlag(argparse.BooleanOptionalAction):
@@ -334,29 +308,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
         print(f"{PROG}: error: --path.procfs={config.path_procfs}: not a procfs mount (no self or 1 in it)", file=sys.stderr)
         return 2
     try:
-        monitor = ResourceMonitor(
-            cache_ttl=config.collect_cache_ttl,
-            collect_timeout=config.collect_timeout,
-            gpu_backend=config.gpu_backend,
-            collect_gpu=config.collector_gpu,
-            collect_host=config.collector_host,
-            collect_health=config.collector_health,
-            collect_nvlink=config.collector_nvlink,
-            collect_xid=config.collector_xid,
-            collect_profiling=config.collector_profiling,
-            collect_mig=config.collector_mig,
-            collect_processes=config.collector_processes,
-            processes_group_by=config.collector_processes_group_by,
-            processes_max_per_gpu=config.collector_processes_max_per_gpu,
-            procfs=config.path_procfs,
-            sysfs=config.path_sysfs,
-            collect_kubernetes=config.collector_kubernetes,
-            pod_resources_socket=config.kubernetes_pod_resources_socket,
-            kubernetes_cache_ttl=config.kubernetes_cache_ttl,
-            pod_logs_dir=config.kubernetes_pod_logs_dir,
-            container_logs_dir=config.kubernetes_container_logs_dir,
-            logger=log,
-        )
+        monitor = ResourceMonitor(options=config.monitor_options(), logger=log)
     except BackendError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -20,21 +20,16 @@ import time
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any
 
-from .attribution import join as attribution
-from .backends.base import GpuBackend, GpuOptions
-from .backends import make_backend
+from .attribution import Attribution
+from .backends import GpuBackend, GpuOptions, make_backend
+from .config import MonitorOptions, options_from_keywords
 from .host import HostReader
-from .attribution.deviceids import HostGpus, normalise_pci
-from .attribution.kubelet import KubeletReader
-from .attribution.podlogs import LogNames
 from .logs import LOGGER_NAME, fields
-from .attribution.procfs import DeadlineReader, ProcReader
-from .samples import AllocationSample, CollectorStatus, GpuReading, HostSample, PartStatus, ProcessSample, Snapshot
+from .samples import CollectorStatus, GpuReading, HostSample, Snapshot
 
 GIB = 1024**3
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
 # A read whose caller gave it the whole --collect.timeout may have started a moment after
 # the caller did: it counts as hung this much early.
@@ -52,16 +47,6 @@ def device_grace(timeout: float) -> float:
     """How much longer than --collect.timeout a per-GPU-bounded read may run before it counts as hung."""
     return max(_DEVICE_GRACE_MIN, _DEVICE_GRACE_SHARE * timeout)
 
-
-# A refresh that starts a kubelet List waits this long for it (a healthy kubelet answers in
-# milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s
-# shortest scrape deadline, so a hung kubelet cannot fail a concurrent scrape's GPU collector.
-_KUBELET_WAIT = 0.1
-# The same for a check of the kubelet's log directories (two stats and a few small listings),
-# and for procfs (a few files per GPU process: milliseconds for hundreds of processes). A
-# slower procfs costs the processes collector (left out, success 0), never the GPU's.
-_NAMES_WAIT = 0.1
-_PROCFS_WAIT = 0.2
 
 MAI_KEYS: tuple[str, ...] = (
     "memory_percent",
@@ -216,42 +201,27 @@ class _GpuReader:
         return release <= 0 or released is None or bool(released(release))
 
 
-def _processes_failed(gpu: GpuReading) -> GpuReading:
-    """The reading with its processes part unsuccessful (added where the backend has none)."""
-    parts = tuple(dataclasses.replace(p, success=False) if p.name == "processes" else p for p in gpu.parts)
-    if not any(p.name == "processes" for p in parts):
-        parts += (PartStatus("processes", False, 0.0),)
-    return dataclasses.replace(gpu, parts=parts)
-
-
-def _capped(allocations: tuple[AllocationSample, ...] | None, limit: int) -> tuple[AllocationSample, ...] | None:
-    """At most limit allocation series per GPU (the processes' --collector.processes.max-per-gpu),
-    the first in label order: a List of 50,000 replicas of one GPU is not 50,000 series."""
-    if allocations is None:
-        return None
-    counts: dict[tuple[int, str], int] = {}
-    out = []
-    for a in allocations:  # sorted by GPU, then labels (attribution.allocations)
-        n = counts.get((a.gpu, a.uuid), 0)
-        if n < limit:
-            counts[(a.gpu, a.uuid)] = n + 1
-            out.append(a)
-    return allocations if len(out) == len(allocations) else tuple(out)
+def _gpu_options(options: MonitorOptions) -> GpuOptions:
+    """What the GPU backend reads along with the GPUs, from the monitor's options."""
+    on = options.enabled
+    return GpuOptions(
+        health=on("health"), nvlink=on("nvlink"), xid=on("xid"), processes=on("processes"),
+        profiling=on("profiling"), mig=on("mig"), mig_devices=on("kubernetes"), sysfs=options.sysfs,
+    )
 
 
 class ResourceMonitor:
-    """GPU and host resources, cached for cache_ttl seconds.
+    """GPU and host resources, cached for options.cache_ttl seconds.
 
+    options: a MonitorOptions (exporter/config.py: the collectors, the timeouts, the paths),
+    as the CLI builds it from its flags. The keyword arguments of earlier releases
+    (cache_ttl, collect_timeout, gpu_backend, collect_<collector>, processes_group_by,
+    processes_max_per_gpu, procfs, sysfs, pod_resources_socket, kubernetes_cache_ttl,
+    pod_logs_dir, container_logs_dir) still work, applied on top of options.
     memory_threshold and cpu_threshold (percent) keep the Mai assistant's
-    is_system_overloaded() working; the keyword arguments match the CLI flags. backend: a
-    GpuBackend object to use instead of gpu_backend. collect_health / collect_nvlink /
-    collect_xid / collect_profiling / collect_mig: the collectors read along with the GPUs (NVML only). collect_processes:
-    per-process VRAM and utilization (get_gpu_processes(); procfs: the host's proc, with
-    processes_group_by / processes_max_per_gpu for /metrics). sysfs: where sysfs is mounted
-    (the amdgpu backend reads it; the host's /sys in a container). collect_kubernetes: the
-    kubelet's PodResources socket, when it exists (pod_logs_dir, container_logs_dir: the
-    kubelet's log directories, for the pod and container names of processes). Use it as a
-    context manager, or call close(), to stop its thread and release NVML.
+    is_system_overloaded() working. backend: a GpuBackend object to use instead of
+    options.gpu_backend. Use it as a context manager, or call close(), to stop its thread
+    and release NVML.
     """
 
     def __init__(
@@ -259,64 +229,24 @@ class ResourceMonitor:
         memory_threshold: float = 80.0,
         cpu_threshold: float = 80.0,
         *,
-        cache_ttl: float = 1.0,
-        collect_timeout: float = 5.0,
-        gpu_backend: str = "auto",
-        collect_gpu: bool = True,
-        collect_host: bool = True,
+        options: MonitorOptions | None = None,
         logger: logging.Logger | None = None,
         backend: GpuBackend | None = None,
-        collect_health: bool = True,
-        collect_nvlink: bool = True,
-        collect_xid: bool = True,
-        collect_profiling: bool = True,
-        collect_mig: bool = True,
-        collect_processes: bool = False,
-        processes_group_by: str = "process",
-        processes_max_per_gpu: int = 64,
-        procfs: str = "/proc",
-        sysfs: str = "/sys",
-        collect_kubernetes: bool = True,
-        pod_resources_socket: str = POD_RESOURCES_SOCKET,
-        kubernetes_cache_ttl: float = 5.0,
-        pod_logs_dir: str = "/var/log/pods",
-        container_logs_dir: str = "/var/log/containers",
+        **keywords: Any,
     ) -> None:
+        options = options_from_keywords(options, keywords) if keywords else options or MonitorOptions()
+        self.options = options
         self.memory_threshold = memory_threshold
         self.cpu_threshold = cpu_threshold
-        self._ttl = cache_ttl
-        self._timeout = collect_timeout
+        self._ttl = options.cache_ttl
+        self._timeout = options.collect_timeout
         self._log = logger or logging.getLogger(LOGGER_NAME)
-        if collect_gpu and backend is None:
-            options = GpuOptions(
-                health=collect_health, nvlink=collect_nvlink, xid=collect_xid,
-                processes=collect_processes, profiling=collect_profiling, mig=collect_mig,
-                mig_devices=collect_kubernetes, sysfs=sysfs,
-            )
-            backend = make_backend(gpu_backend, self._log, collect_timeout, options)
-        self._backend: GpuBackend | None = backend if collect_gpu else None
+        if options.enabled("gpu") and backend is None:
+            backend = make_backend(options.gpu_backend, self._log, options.collect_timeout, _gpu_options(options))
+        self._backend: GpuBackend | None = backend if options.enabled("gpu") else None
         self._reader = _GpuReader(self._backend, self._log) if self._backend is not None else None
-        self._host = HostReader() if collect_host else None
-        self.processes_group_by = processes_group_by
-        self.processes_max_per_gpu = processes_max_per_gpu
-        # procfs is read on a thread of its own up to the refresh's deadline (issue 22, 16)
-        self._procs = DeadlineReader(ProcReader(procfs)) if collect_processes and self._backend is not None else None
-        # the GPUs seen so far (replaced whole by the one refresh at a time, read by the List
-        # thread): a List keeps only the allocations that may name one of them
-        self._host_gpus = HostGpus()
-        self._kubelet = (
-            KubeletReader(pod_resources_socket, kubernetes_cache_ttl, collect_timeout, self._log,
-                          keep=lambda resource, device_id: self._host_gpus.names(resource, device_id))
-            if collect_kubernetes else None
-        )
-        # the kubelet's log directories, listed off the scrape path (only where process
-        # attribution can use them)
-        self._log_names = (
-            LogNames(pod_logs_dir, container_logs_dir, self._log) if self._procs is not None and collect_kubernetes else None
-        )
-        # GPU UUID -> MIG UUIDs it listed while up: a down GPU lists none, and its MIG pods
-        # must still resolve to it (replaced whole by the one refresh running at a time)
-        self._last_migs: Mapping[str, tuple[str, ...]] = {}
+        self._host = HostReader() if options.enabled("host") else None
+        self._attribution = Attribution(options, options.enabled("processes") and self._backend is not None, self._log)
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
@@ -328,6 +258,15 @@ class ResourceMonitor:
         if self._reader is not None:
             # a monitor dropped without close() still stops its thread and releases NVML
             weakref.finalize(self, self._reader.close, 0.0)
+
+    @property
+    def processes_group_by(self) -> str:
+        """How /metrics groups process series (the processes collector reads it)."""
+        return self.options.processes.group_by
+
+    @property
+    def processes_max_per_gpu(self) -> int:
+        return self.options.processes.max_per_gpu
 
     def __enter__(self) -> "ResourceMonitor":
         return self
@@ -344,11 +283,7 @@ class ResourceMonitor:
         self._started = True
         if self._reader is not None:
             self._reader.ensure(time.monotonic(), 0.0)
-        if self._kubelet is not None:
-            self._kubelet.prepare()  # grpc imported here where the socket exists, not in the first List
-            self._kubelet.read(0.0)  # the first List, in the background
-        if self._log_names is not None:
-            self._log_names.start()  # the first listing, in the background
+        self._attribution.start()
 
     # -- snapshot ---------------------------------------------------------------------
 
@@ -420,7 +355,7 @@ class ResourceMonitor:
         """A new snapshot, and whether it may be cached for other callers."""
         reader = self._reader
         # The host first (0.2-0.3 ms): a GPU read starting meanwhile would share the GIL with
-        # it, and its first calls would look blocked on the driver (nvml_workers' relay probe).
+        # it, and its first calls would look blocked on the driver (backends/nvml/workers.py' relay probe).
         host, host_status = self._read_host()
         target = reader.ensure(started, self._ttl) if reader is not None else 0
         gpu: GpuReading | None = None
@@ -428,51 +363,12 @@ class ResourceMonitor:
         complete = True
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
-        kube = self._kubelet.read(min(deadline - time.monotonic(), _KUBELET_WAIT)) if self._kubelet else None
-        allocations = None
-        if self._kubelet is not None:
-            self._last_migs = attribution.known_migs(gpu, self._last_migs)
-            allocations = attribution.allocations(gpu, kube, self._last_migs) if kube is not None else None
-            self._note_gpus(gpu)
-            allocations = _capped(allocations, self.processes_max_per_gpu)
-        processes, gpu = self._attribute(gpu, deadline)
+        who = self._attribution.refresh(gpu, deadline)
         snap = Snapshot(
-            gpu=gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
-            processes=processes,
-            allocations=allocations,
-            kubernetes_status=CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None,
+            gpu=who.gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
+            processes=who.processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
         )
         return snap, complete
-
-    def _note_gpus(self, gpu: GpuReading | None) -> None:
-        if gpu is None:
-            return
-        seen = HostGpus(
-            uuids=frozenset(d.identity.uuid for d in gpu.devices if d.identity.uuid),
-            mig_uuids=frozenset(m for d in gpu.devices for m in d.mig_uuids),
-            indices=frozenset(d.identity.index for d in gpu.devices),
-            pci=frozenset(normalise_pci(d.identity.pci_bus_id) for d in gpu.devices if d.identity.pci_bus_id),
-        )
-        merged = self._host_gpus.union(seen)  # a GPU that went down keeps its MIG UUIDs here
-        if merged != self._host_gpus:
-            self._host_gpus = merged
-
-    def _attribute(
-        self, gpu: GpuReading | None, deadline: float
-    ) -> tuple[tuple[ProcessSample, ...] | None, GpuReading | None]:
-        """The processes with their owners, read until the refresh's deadline, and the GPU
-        reading, its processes part failed where some process could not be read in time
-        (those are left out: a slow procfs costs attribution, never the GPU collector)."""
-        if self._procs is None:
-            return None, gpu
-        infos, complete = self._procs.read_all(attribution.pids(gpu), min(deadline, time.monotonic() + _PROCFS_WAIT))
-        names = None
-        if self._log_names is not None and gpu is not None and any(d.process_list for d in gpu.devices):
-            uids = {i.container.pod_uid for i in infos.values() if i is not None and i.container.pod_uid}
-            names = self._log_names.current(uids, min(max(0.0, deadline - time.monotonic()), _NAMES_WAIT))
-        if not complete and gpu is not None:
-            gpu = _processes_failed(gpu)
-        return attribution.processes(gpu, infos, names), gpu
 
     def _await_gpu(
         self, reader: _GpuReader, target: int, started: float, deadline: float

@@ -10,7 +10,8 @@ from resmon_exporter.attribution import join as attribution
 from resmon_exporter.attribution.kubelet import KubeletState
 from resmon_exporter.attribution.podlogs import ContainerName, PodName, container_names, pod_names
 from resmon_exporter.attribution.podresources import Allocation
-from resmon_exporter.collectors.processes import allocation_families, process_families
+from resmon_exporter.collectors.kubernetes import allocation_families
+from resmon_exporter.collectors.processes import process_families
 from resmon_exporter.attribution.procfs import ProcReader
 from resmon_exporter.samples import GpuIdentity, GpuProcess, GpuReading, GpuSample, ProcessSample
 from workloads import CID, UID, UID2, procfs_tree, systemd_containerd

@@ -18,7 +18,7 @@ import scenarios as sc
 from resmon_exporter import ResourceMonitor
 from resmon_exporter.backends import GpuOptions
 from resmon_exporter.backends.nvml.backend import NvmlBackend
-from resmon_exporter.collectors.gpu import snapshot_families
+from resmon_exporter.collectors.registry import snapshot_families
 from resmon_exporter.counters import Monotonic
 from fakenvml import Scenario, load_in_process
 

@@ -11,7 +11,7 @@ import sys
 import tarfile
 
 from resmon_exporter.cli import FLAGS
-from resmon_exporter.collectors.gpu import FAMILIES
+from resmon_exporter.collectors.registry import FAMILIES
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine, profiling_machine
@@ -195,7 +195,7 @@ def _meaning(family: str) -> str:
 def code_backend_names() -> set[str]:
     """The `name` class attribute of every backend class (what resmon_gpu_backend_info says)."""
     names = set()
-    for path in (EXPORTER / "backends").glob("*.py"):
+    for path in (EXPORTER / "backends").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 for item in node.body:

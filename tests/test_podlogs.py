@@ -225,9 +225,9 @@ def test_a_hundred_thousand_pod_directories_are_not_listed_on_each_refresh(
         from resmon_exporter.attribution.podlogs import Names
 
         pod_dir(logs, f"ml_new_{OTHER}", "c")
-        assert m._log_names is not None
+        assert m._attribution._log_names is not None
         deadline = time.monotonic() + 30
-        while OTHER not in (m._log_names.current((), 0.0) or Names({}, {})).pods:
+        while OTHER not in (m._attribution._log_names.current((), 0.0) or Names({}, {})).pods:
             assert time.monotonic() < deadline, "the new pod directory was never listed"
             time.sleep(0.05)
 

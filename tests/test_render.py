@@ -111,7 +111,7 @@ def test_a_changed_label_value_is_not_served_from_the_cache():
 import pytest  # noqa: E402
 
 from resmon_exporter import ResourceMonitor  # noqa: E402
-from resmon_exporter.collectors.gpu import ResourceCollector  # noqa: E402
+from resmon_exporter.collectors.registry import ResourceCollector  # noqa: E402
 from resmon_exporter.http.routes import DEFAULT_COLLECTORS, PinnedExposition  # noqa: E402
 from fakenvml import Scenario, load_in_process  # noqa: E402
 from scenarios import health_machine, profiling_machine, three_gpus  # noqa: E402

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from resmon_exporter import host as host_module
 from resmon_exporter.backends.nvml import errors as nvml_errors
 from resmon_exporter.cli import parse_config, parse_duration, UsageError
-from resmon_exporter.collectors.gpu import ResourceCollector
+from resmon_exporter.collectors.registry import ResourceCollector
 from resmon_exporter.logs import JsonFormatter, LogfmtFormatter, fields
 from resmon_exporter.samples import CollectorStatus, GpuIdentity, GpuReading, GpuSample, HostSample, Snapshot
 from resmon_exporter.http.routes import parse_listen_address

@@ -81,7 +81,7 @@ def parse_device_id(device_id: str) -> DeviceRef | None:
 
 
 # Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI ids
-# are unique on the host whatever the resource is called (exporter/attribution.py agrees).
+# are unique on the host whatever the resource is called (join.py resolves with this too).
 INDEXED_RESOURCES = ("nvidia.com/",)
 
 

@@ -15,15 +15,11 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Protocol
 
 from .cgroups import ContainerRef
-from .deviceids import DeviceRef, normalise_pci, parse_device_id
+from .deviceids import INDEXED_RESOURCES, DeviceRef, normalise_pci, parse_device_id
 from .kubelet import KubeletState
 from .podlogs import AMBIGUOUS, Names
 from .procfs import ProcessInfo
 from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
-
-# Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI
-# ids are unique on the host whatever the resource is called.
-_INDEXED_RESOURCES = ("nvidia.com/",)
 
 
 class _Devices:
@@ -55,7 +51,7 @@ class _Devices:
             return self.by_uuid.get(ref.mig_parent_uuid)
         if ref.pci_bus_id:
             return self.by_pci.get(normalise_pci(ref.pci_bus_id))
-        if ref.index is not None and resource.startswith(_INDEXED_RESOURCES):
+        if ref.index is not None and resource.startswith(INDEXED_RESOURCES):
             return self.by_index.get(ref.index)
         return None
 

@@ -1,8 +1,8 @@
-"""Metric families of the processes and kubernetes collectors.
+"""The processes collector: VRAM and utilization per process on each GPU, with its owner.
 
-processes: one series per process (group-by=process) or per container (group-by=container,
-summed; pid, process and user left out), at most max_per_gpu per GPU and family (per
-engine for utilization), the largest by memory. kubernetes: resmon_gpu_allocation_info.
+One series per process (group-by=process) or per container (group-by=container, summed;
+pid, process and user left out), at most max_per_gpu per GPU and family (per engine for
+utilization), the largest by memory.
 """
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import AllocationSample, ProcessSample
-from .series import GPU_LABELS
+from ..samples import ProcessSample
+from .series import GPU_LABELS, Scrape
 from .series import put as _put
 
-GROUP_BY: tuple[str, ...] = ("process", "container")
 OWNER_LABELS = ["container_id", "pod_uid", "namespace", "pod", "container"]
 PROCESS_LABELS = ["pid", "process", "user"]
-PROCESSES: dict[str, str] = {
+FAMILIES: dict[str, str] = {
     "resmon_gpu_process_memory_used_bytes": "gauge",
     "resmon_gpu_process_utilization_ratio": "gauge",
 }
-KUBERNETES: dict[str, str] = {"resmon_gpu_allocation_info": "gauge"}
-FAMILIES: dict[str, str] = {**PROCESSES, **KUBERNETES}
+# no process on a GPU is itself an answer: the families are declared, without samples
+DECLARED_WHEN_EMPTY = frozenset(FAMILIES)
 
 _Row = tuple[dict[str, str], int | None, dict[str, float]]  # labels, memory bytes, engine -> ratio
 
@@ -52,6 +51,10 @@ def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> list[list[_Row
     return [list(rows.values()) for rows in per_gpu.values()]
 
 
+def families(scrape: Scrape) -> Iterator[Metric]:
+    yield from process_families(scrape.snap.processes, scrape.group_by, scrape.max_per_gpu)
+
+
 def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str, max_per_gpu: int) -> Iterator[Metric]:
     if processes is None:
         return
@@ -75,17 +78,3 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
                 _put(util, {**labels, "engine": engine}, ratio)
     yield memory
     yield util
-
-
-def allocation_families(allocations: tuple[AllocationSample, ...] | None) -> Iterator[Metric]:
-    if allocations is None:
-        return
-    info = GaugeMetricFamily(
-        "resmon_gpu_allocation_info",
-        "A device the kubelet assigned to a container (PodResources List), value 1.",
-        labels=GPU_LABELS + ["namespace", "pod", "container", "resource", "device_id"],
-    )
-    for a in allocations:
-        _put(info, {"gpu": str(a.gpu), "uuid": a.uuid, "namespace": a.namespace, "pod": a.pod,
-                    "container": a.container, "resource": a.resource, "device_id": a.device_id}, 1)
-    yield info

@@ -1,8 +1,6 @@
-"""Metric families of the profiling (GPM) and mig collectors.
+"""The profiling collector: GPM ratios and bandwidths (Hopper and newer; absent elsewhere).
 
-Same rules as collector.py: fresh families per scrape, labels gpu and uuid first, a value the
-device does not report is an absent series. MIG instances never appear as GPUs: their series
-are the resmon_gpu_mig_* families, with the parent's gpu and uuid labels.
+ratio_families() builds the same families per MIG GPU instance for the mig collector.
 """
 
 from __future__ import annotations
@@ -11,9 +9,8 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, GpuReading, GpuSample, ProfilingSample
-from .series import GPU_LABELS, DeviceLabels
-from .series import put as _put
+from ..samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, ProfilingSample
+from .series import GPU_LABELS, Scrape, put
 
 _RATIO_HELP: dict[str, str] = {
     "graphics_active": "Fraction of time the graphics or compute engine was active (GPM 1, DCGM_FI_PROF_GR_ENGINE_ACTIVE).",
@@ -31,85 +28,36 @@ _BANDWIDTH_HELP: dict[str, str] = {
 }
 
 
-def _names(prefix: str) -> dict[str, str]:
+
+def names(prefix: str) -> dict[str, str]:
     out = {f"{prefix}{name}_ratio": "gauge" for name, _ in PROFILING_RATIOS}
     out.update({f"{prefix}{link}_bandwidth_bytes_per_second": "gauge" for link in dict.fromkeys(b[0] for b in PROFILING_BANDWIDTHS)})
     return out
 
 
-PROFILING: dict[str, str] = _names("resmon_gpu_")
-MIG: dict[str, str] = {
-    "resmon_gpu_mig_mode_enabled": "gauge",
-    "resmon_gpu_mig_info": "gauge",
-    "resmon_gpu_mig_memory_total_bytes": "gauge",
-    "resmon_gpu_mig_memory_used_bytes": "gauge",
-    "resmon_gpu_mig_memory_free_bytes": "gauge",
-    **_names("resmon_gpu_mig_"),
-}
-FAMILIES: dict[str, str] = {**PROFILING, **MIG}
+FAMILIES: dict[str, str] = names("resmon_gpu_")
 
 
-def _profiling_families(prefix: str, extra: tuple[str, ...], rows: list[tuple[dict[str, str], ProfilingSample]], what: str) -> Iterator[Metric]:
+def ratio_families(prefix: str, extra: tuple[str, ...], rows: list[tuple[dict[str, str], ProfilingSample]], what: str) -> Iterator[Metric]:
     labels = [*GPU_LABELS, *extra]
     for name, _ in PROFILING_RATIOS:
         family = GaugeMetricFamily(f"{prefix}{name}_ratio", _RATIO_HELP[name] + what, labels=labels)
         for base, sample in rows:
             for ratio, value in sample.ratios:
                 if ratio == name:
-                    _put(family, base, value)
+                    put(family, base, value)
         yield family
     for link in dict.fromkeys(b[0] for b in PROFILING_BANDWIDTHS):
         family = GaugeMetricFamily(f"{prefix}{link}_bandwidth_bytes_per_second", _BANDWIDTH_HELP[link] + what, labels=[*labels, "direction"])
         for base, sample in rows:
             for kind, direction, value in sample.bandwidths:
                 if kind == link:
-                    _put(family, {**base, "direction": direction}, value)
+                    put(family, {**base, "direction": direction}, value)
         yield family
 
 
-def profiling_families(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
+def families(scrape: Scrape) -> Iterator[Metric]:
+    """Called where the profiling part of the GPU read ran (registry.py)."""
+    up, base = scrape.up, scrape.labels
     rows = [(base[id(g)], g.profiling) for g in up if g.profiling is not None]
-    yield from _profiling_families("resmon_gpu_", (), rows, "")
-
-
-def mig_families(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
-    migs = [g for g in up if g.mig is not None]
-    mode = GaugeMetricFamily("resmon_gpu_mig_mode_enabled", "1 when MIG mode is on; mode current or pending (after the next GPU reset).",
-                             labels=[*GPU_LABELS, "mode"])
-    info = GaugeMetricFamily("resmon_gpu_mig_info", "One MIG device (compute instance) of the GPU, value 1.",
-                             labels=[*GPU_LABELS, "gpu_instance_id", "compute_instance_id", "mig_uuid", "profile"])
-    memory = {
-        kind: GaugeMetricFamily(f"resmon_gpu_mig_memory_{kind}_bytes", f"Memory {kind} of the MIG GPU instance in bytes.",
-                                labels=[*GPU_LABELS, "gpu_instance_id"])
-        for kind in ("total", "used", "free")
-    }
-    rows: list[tuple[dict[str, str], ProfilingSample]] = []
-    for g in migs:
-        state = g.mig
-        assert state is not None
-        labels = base[id(g)]
-        for name, value in (("current", state.current), ("pending", state.pending)):
-            if value is not None:
-                _put(mode, {**labels, "mode": name}, value)
-        for d in state.devices:
-            _put(info, {**labels, "gpu_instance_id": str(d.gpu_instance_id), "compute_instance_id": str(d.compute_instance_id),
-                        "mig_uuid": d.uuid, "profile": d.profile}, 1)
-        for inst in state.instances:
-            gi = {**labels, "gpu_instance_id": str(inst.gpu_instance_id)}
-            for kind, value in (("total", inst.memory_total_bytes), ("used", inst.memory_used_bytes), ("free", inst.memory_free_bytes)):
-                if value is not None:
-                    _put(memory[kind], gi, value)
-            if inst.profiling is not None:
-                rows.append((gi, inst.profiling))
-    yield mode
-    yield info
-    yield from memory.values()
-    yield from _profiling_families("resmon_gpu_mig_", ("gpu_instance_id",), rows, " Per MIG GPU instance.")
-
-
-def families(reading: GpuReading, up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
-    parts = {p.name for p in reading.parts}
-    if "profiling" in parts:
-        yield from profiling_families(up, base)
-    if "mig" in parts:
-        yield from mig_families(up, base)
+    yield from ratio_families("resmon_gpu_", (), rows, "")

@@ -22,7 +22,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ..collectors.gpu import ResourceCollector
+from ..collectors.registry import ResourceCollector
 from ..monitor import ResourceMonitor
 from .render import Renderer
 from ..samples import Snapshot

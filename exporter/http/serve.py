@@ -12,17 +12,15 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import logs
+from ..config import Config
 from ..monitor import ResourceMonitor
 from .server import HttpServer, Limits
 from ..version import __version__
 from .routes import Router, parse_listen_address
 from .web_config import WebConfigSource
-
-if TYPE_CHECKING:
-    from ..cli import Config
 
 # in-flight requests may finish within this; the process is gone before docker stop's 10 s
 # SIGKILL (past the grace it exits at once, status 1)
@@ -33,7 +31,7 @@ def format_address(addr: tuple[Any, ...]) -> str:
     return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
 
 
-def serve(config: "Config", monitor: ResourceMonitor, web: WebConfigSource, log: logging.Logger) -> int:
+def serve(config: Config, monitor: ResourceMonitor, web: WebConfigSource, log: logging.Logger) -> int:
     """Serve until SIGTERM/SIGINT; the exit code. The monitor is started and closed by the caller."""
     limits = Limits(
         max_requests=config.web_max_requests,

@@ -9,8 +9,8 @@ card seen for the first time gets the next free one, so an index never changes m
 a card that disappears stays, down, under its index. Per card, identity (uuid, name, PCI
 address, max clocks, which attribute files the board has) is read once, when the card
 appears (and again when it comes back after leaving /sys/class/drm); each refresh then
-reads only the value files the board has. Every read goes through exporter/sysfs_errors.py,
-the one place errors are classified. The refresh runs on the monitor's GPU worker thread,
+reads only the value files the board has. Every read goes through errors.py, the one
+place sysfs errors are classified. The refresh runs on the monitor's GPU worker thread,
 so a read that blocks on a hung GPU is bounded by --collect.timeout as a hung NVML call is.
 
 Processes come from the KFD proc directory (/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>),

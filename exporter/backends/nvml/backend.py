@@ -145,7 +145,7 @@ class NvmlBackend:
         self._device_timeout = device_timeout
         self._device_limit = device_limit(device_timeout)
         self._workers: dict[int, DeviceWorker] = {}  # by index
-        self._starts = Starts()  # a relay or all at once (nvml_workers)
+        self._starts = Starts()  # a relay or all at once (workers.py)
         self._stuck: set[int] = set()  # indices whose read is in flight past the limit
         self._any_stuck = False  # in this read
         # guards the identity maps where a worker iterates or re-keys them (never held over an NVML call)

@@ -77,7 +77,7 @@ BACKEND_CODES = frozenset(
 )
 # Everything else (GPU_IS_LOST, RESET_REQUIRED, UNKNOWN, TIMEOUT, INVALID_ARGUMENT for a
 # handle that vanished, ...) means the device is down.
-# For a health or v2 value only these do (backends/nvml_health.py HealthReader.ask): any
+# For a health or v2 value only these do (health.py HealthReader.ask): any
 # other failure of such a call makes just that value absent, so one odd answer to a newer
 # query never hides a working GPU.
 LOST_CODES = frozenset({pynvml.NVML_ERROR_GPU_IS_LOST, getattr(pynvml, "NVML_ERROR_RESET_REQUIRED", 16)})
@@ -93,7 +93,7 @@ def describe(exc: BaseException) -> str:
 
 # A call that takes longer than this waited on the driver, or ran one of the binding's
 # heavier wrappers (process lists, field values: 50-100 us of Python): the GPU workers'
-# relay probe counts such calls (backends/nvml_workers.py).
+# relay probe counts such calls (workers.py).
 BLOCKING_SECONDS = 40e-6
 
 
