@@ -10,7 +10,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=utility
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# exporter/ installs as the package resmon_exporter (pyproject.toml's package-dir); the
+# wheel carries LICENSE (license-files), so it is copied too
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 RUN pip install ".[gpu-tracker,kubernetes]" && rm -rf /src \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin resmon

@@ -6,12 +6,13 @@
 
 import logging as _logging
 
+from .collectors.registry import ResourceCollector
+from .config import KubernetesOptions, MonitorOptions, ProcessesOptions
 from .logs import LOGGER_NAME as _LOGGER_NAME
 from .monitor import ResourceMonitor
-from .collectors.registry import ResourceCollector
 from .version import __version__
 
 # A library stays quiet unless the application configures logging.
 _logging.getLogger(_LOGGER_NAME).addHandler(_logging.NullHandler())
 
-__all__ = ["ResourceMonitor", "ResourceCollector", "__version__"]
+__all__ = ["ResourceMonitor", "ResourceCollector", "MonitorOptions", "ProcessesOptions", "KubernetesOptions", "__version__"]

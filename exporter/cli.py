@@ -292,9 +292,9 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
     from pathlib import Path
 
     from . import logs
-    from .monitor import ResourceMonitor
     from .http.serve import serve
     from .http.web_config import WebConfigError, WebConfigSource
+    from .monitor import ResourceMonitor
 
     log = logs.setup(config.log_level, config.log_format)
     for warning in warnings:

@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..config import MonitorOptions
+from ..samples import AllocationSample, CollectorStatus, GpuReading, PartStatus, ProcessSample
 from . import join
 from .deviceids import HostGpus, normalise_pci
 from .kubelet import KubeletReader
 from .podlogs import LogNames
 from .procfs import DeadlineReader, ProcReader
-from ..config import MonitorOptions
-from ..samples import AllocationSample, CollectorStatus, GpuReading, PartStatus, ProcessSample
 
 # A refresh that starts a kubelet List waits this long for it (a healthy kubelet answers in
 # milliseconds); a slower answer is served to the next refresh. Well under the 0.25 s

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol
 
+from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 from .cgroups import ContainerRef
 from .deviceids import INDEXED_RESOURCES, DeviceRef, normalise_pci, parse_device_id
 from .kubelet import KubeletState
 from .podlogs import AMBIGUOUS, Names
 from .procfs import ProcessInfo
-from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 
 
 class _Devices:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 

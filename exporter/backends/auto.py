@@ -16,8 +16,8 @@ import time
 
 from ..logs import fields
 from ..samples import GpuReading
-from .base import GpuOptions, NoGpuBackend
 from .amdgpu.sysfs import AmdgpuBackend, find_cards
+from .base import GpuOptions, NoGpuBackend
 from .gpu_tracker.backend import GpuTrackerBackend, detect_vendor, extra_installed
 from .nvml.backend import NvmlBackend
 

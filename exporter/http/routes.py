@@ -24,9 +24,9 @@ from prometheus_client.registry import Collector
 
 from ..collectors.registry import ResourceCollector
 from ..monitor import ResourceMonitor
-from .render import Renderer
 from ..samples import Snapshot
 from ..version import __version__
+from .render import Renderer
 
 ALLOWED = "GET, HEAD"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"

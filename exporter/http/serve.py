@@ -17,9 +17,9 @@ from typing import Any
 from .. import logs
 from ..config import Config
 from ..monitor import ResourceMonitor
-from .server import HttpServer, Limits
 from ..version import __version__
 from .routes import Router, parse_listen_address
+from .server import HttpServer, Limits
 from .web_config import WebConfigSource
 
 # in-flight requests may finish within this; the process is gone before docker stop's 10 s

@@ -26,10 +26,10 @@ import re
 from dataclasses import dataclass, field, replace
 from os.path import join
 
-from . import errors as sysfs
 from ...logs import fields
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import BackendError, GpuOptions
+from . import errors as sysfs
 
 AMDGPU_IDS = "/usr/share/libdrm/amdgpu.ids"  # Debian's libdrm-common: "device, revision, name"
 _CARD = re.compile(r"card\d+")

@@ -22,17 +22,29 @@ from typing import Any, Callable
 
 import pynvml
 
-from . import errors as nvml_errors
 from ...counters import Monotonic, Unwrap
 from ...logs import fields
-from .errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
-from ...samples import BUSY_ENGINES, CLOCK_TYPES, PROCESS_ENGINES, GpuIdentity, GpuProcess, GpuReading, GpuSample, PartStatus, XidState, all_down, in_order
+from ...samples import (
+    BUSY_ENGINES,
+    CLOCK_TYPES,
+    PROCESS_ENGINES,
+    GpuIdentity,
+    GpuProcess,
+    GpuReading,
+    GpuSample,
+    PartStatus,
+    XidState,
+    all_down,
+    in_order,
+)
 from ..base import GpuOptions
+from . import errors as nvml_errors
 from . import fields as nvml_fields
 from .busy import BusyIntegrator, SampleStamps
+from .errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
 from .gpm import GpmReader
-from .mig import MigReader
 from .health import HealthReader
+from .mig import MigReader
 from .workers import DeviceWorker, HandleCache, Starts, device_limit
 from .xid import XidWatcher
 

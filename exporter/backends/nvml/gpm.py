@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 import pynvml
 
+from ...samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, ProfilingSample
 from . import errors as nvml_errors
 from .errors import DeviceDown, Missing
-from ...samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, ProfilingSample
 
 MIN_WINDOW = 1.0  # seconds: the shortest window a value is computed over (a faster scrape reuses the older sample)
 MAX_WINDOW = 600.0  # seconds: a kept sample older than this is dropped (a GPU away this long starts afresh)

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import pynvml
 
 from ...logs import fields as log_fields
-from .errors import LOST_CODES, DeviceDown, Fallback
 from ...samples import GpuHealth, NvLinkSample
 from . import fields as nvml_fields
+from .errors import LOST_CODES, DeviceDown, Fallback
 
 _ECC_TYPES = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
 _ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import pynvml
 
+from ...samples import MigDevice, MigInstance, MigState
 from . import errors as nvml_errors
 from .errors import LOST_CODES, DeviceDown, Fallback
-from ...samples import MigDevice, MigInstance, MigState
 from .gpm import GpmReader
 
 _EMPTY_SLOT = frozenset({pynvml.NVML_ERROR_INVALID_ARGUMENT})  # NOT_FOUND already comes back as None

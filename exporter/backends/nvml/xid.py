@@ -20,8 +20,8 @@ from typing import Any
 import pynvml
 
 from ...logs import fields
-from .errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe, field
 from ...samples import XidCount, XidState
+from .errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe, field
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
 THREAD_NAME = "resmon-xid"
