@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..samples import THROTTLE_REASONS, GpuSample
+from ..samples import THROTTLE_REASONS, CollectorStatus, GpuSample
 from .series import GPU_LABELS, DeviceLabels, Scrape, family, labelled, plain
 from .series import put as _put
 
@@ -202,3 +202,7 @@ def _additions(up: list[GpuSample], base: DeviceLabels) -> Iterator[Metric]:
     yield plain(family("resmon_gpu_pcie_replays_total", "PCIe replays since the driver loaded."), up, base, lambda g: g.pcie_replays)
     yield labelled(family("resmon_gpu_pcie_bytes_total", "Bytes moved over PCIe since the driver loaded.", ("direction",)),
                    up, base, "direction", lambda g: g.pcie_bytes)
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return scrape.snap.gpu_status

@@ -9,7 +9,8 @@ from typing import Iterator
 
 from prometheus_client.core import Metric
 
-from .series import Scrape, family, plain, put
+from ..samples import CollectorStatus
+from .series import Scrape, family, part_status, plain, put
 
 FAMILIES: dict[str, str] = {
     "resmon_gpu_ecc_enabled": "gauge",
@@ -59,3 +60,7 @@ def families(scrape: Scrape) -> Iterator[Metric]:
         family("resmon_gpu_recovery_action",
                "Action the driver asks for: 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset."),
         with_health, base, lambda g: g.health.recovery_action if g.health else None)
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return part_status(scrape, "health")

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..samples import HostSample
+from ..samples import CollectorStatus, HostSample
 from .series import Scrape
 
 FAMILIES: dict[str, str] = {
@@ -55,3 +55,7 @@ def _families(host: HostSample | None) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily("resmon_swap_total_bytes", "Swap size in bytes.", value=host.swap_total_bytes)
     yield GaugeMetricFamily("resmon_swap_used_bytes", "Swap in use in bytes.", value=host.swap_used_bytes)
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return scrape.snap.host_status

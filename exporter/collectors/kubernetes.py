@@ -9,7 +9,7 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import AllocationSample
+from ..samples import AllocationSample, CollectorStatus
 from .series import GPU_LABELS, Scrape
 from .series import put as _put
 
@@ -34,3 +34,7 @@ def allocation_families(allocations: tuple[AllocationSample, ...] | None) -> Ite
         _put(info, {"gpu": str(a.gpu), "uuid": a.uuid, "namespace": a.namespace, "pod": a.pod,
                     "container": a.container, "resource": a.resource, "device_id": a.device_id}, 1)
     yield info
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return scrape.snap.kubernetes_status

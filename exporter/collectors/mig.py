@@ -10,9 +10,9 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import ProfilingSample
+from ..samples import CollectorStatus, ProfilingSample
 from .profiling import names, ratio_families
-from .series import GPU_LABELS, Scrape, put
+from .series import GPU_LABELS, Scrape, part_status, put
 
 FAMILIES: dict[str, str] = {
     "resmon_gpu_mig_mode_enabled": "gauge",
@@ -59,3 +59,7 @@ def families(scrape: Scrape) -> Iterator[Metric]:
     yield info
     yield from memory.values()
     yield from ratio_families("resmon_gpu_mig_", ("gpu_instance_id",), rows, " Per MIG GPU instance.")
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return part_status(scrape, "mig")

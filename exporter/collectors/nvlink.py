@@ -9,7 +9,8 @@ from typing import Iterator
 
 from prometheus_client.core import Metric
 
-from .series import Scrape, family, put
+from ..samples import CollectorStatus
+from .series import Scrape, family, part_status, put
 
 FAMILIES: dict[str, str] = {
     "resmon_gpu_nvlink_active": "gauge",
@@ -36,3 +37,7 @@ def families(scrape: Scrape) -> Iterator[Metric]:
     yield active
     yield moved
     yield errors
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return part_status(scrape, "nvlink")

@@ -11,8 +11,8 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import ProcessSample
-from .series import GPU_LABELS, Scrape
+from ..samples import CollectorStatus, ProcessSample
+from .series import GPU_LABELS, Scrape, part_status
 from .series import put as _put
 
 OWNER_LABELS = ["container_id", "pod_uid", "namespace", "pod", "container"]
@@ -78,3 +78,8 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
                 _put(util, {**labels, "engine": engine}, ratio)
     yield memory
     yield util
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    """The processes part of the GPU read (failed too where procfs was not read in time)."""
+    return part_status(scrape, "processes")

@@ -9,8 +9,8 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, ProfilingSample
-from .series import GPU_LABELS, Scrape, put
+from ..samples import PROFILING_BANDWIDTHS, PROFILING_RATIOS, CollectorStatus, ProfilingSample
+from .series import GPU_LABELS, Scrape, part_status, put
 
 _RATIO_HELP: dict[str, str] = {
     "graphics_active": "Fraction of time the graphics or compute engine was active (GPM 1, DCGM_FI_PROF_GR_ENGINE_ACTIVE).",
@@ -61,3 +61,7 @@ def families(scrape: Scrape) -> Iterator[Metric]:
     up, base = scrape.up, scrape.labels
     rows = [(base[id(g)], g.profiling) for g in up if g.profiling is not None]
     yield from ratio_families("resmon_gpu_", (), rows, "")
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    return part_status(scrape, "profiling")

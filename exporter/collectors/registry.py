@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from ..config import COLLECTORS, CollectorSpec
 from ..monitor import ResourceMonitor
-from ..samples import Snapshot
+from ..samples import CollectorStatus, Snapshot
 from . import gpu, health, host, kubernetes, mig, nvlink, processes, profiling, status, xid
 from .series import Scrape
 
@@ -25,6 +25,7 @@ class Registered:
     spec: CollectorSpec  # the flag: name, default, help
     families: Mapping[str, str]  # every family it can emit -> its type
     build: Callable[[Scrape], Iterator[Metric]]
+    status: Callable[[Scrape], CollectorStatus | None]  # None: inactive in this snapshot
     # read along with the GPUs (a part of the NVML read): built only where that part ran
     gpu_part: bool = False
 
@@ -39,13 +40,10 @@ def _spec(name: str) -> CollectorSpec:
 
 _GPU_PARTS = (health, nvlink, profiling, mig)
 REGISTRY: tuple[Registered, ...] = tuple(
-    Registered(_spec(module.__name__.rsplit(".", 1)[1]), module.FAMILIES, module.families, module in _GPU_PARTS)
+    Registered(_spec(module.__name__.rsplit(".", 1)[1]), module.FAMILIES, module.families, module.status, module in _GPU_PARTS)
     for module in (gpu, health, xid, nvlink, profiling, mig, processes, kubernetes, host)
 )
 assert [r.spec.name for r in REGISTRY] == [c.name for c in COLLECTORS], "every flag has its collector module"
-
-# the collectors, then the exporter's own families (served on every scrape)
-_BUILDERS: tuple[Callable[[Scrape], Iterator[Metric]], ...] = (*(r.serve for r in REGISTRY), status.families)
 
 # Every family the exporter can emit, with its type: describe() and docs/metrics.md use it.
 FAMILIES: dict[str, str] = {name: kind for r in REGISTRY for name, kind in r.families.items()} | status.FAMILIES
@@ -62,8 +60,10 @@ DECLARED_WHEN_EMPTY = (
 
 def snapshot_families(snap: Snapshot, group_by: str = "process", max_per_gpu: int = 64) -> Iterator[Metric]:
     scrape = Scrape.of(snap, group_by, max_per_gpu)
-    for build in _BUILDERS:
-        for family in build(scrape):
+    statuses = [(r.spec.name, s) for r in REGISTRY if (s := r.status(scrape)) is not None]
+    # the collectors, then the exporter's own families (served on every scrape)
+    for families in (*(r.serve(scrape) for r in REGISTRY), status.families(scrape, statuses)):
+        for family in families:
             if family.samples or family.name in DECLARED_WHEN_EMPTY:
                 yield family
 

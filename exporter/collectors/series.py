@@ -8,7 +8,7 @@ from typing import Callable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from ..samples import GpuReading, GpuSample, Snapshot
+from ..samples import CollectorStatus, GpuReading, GpuSample, Snapshot
 
 GPU_LABELS = ["gpu", "uuid"]
 
@@ -40,6 +40,18 @@ class Scrape:
     def active(self, part: str) -> bool:
         """Whether the collector read along with the GPUs (health, nvlink, profiling, mig) ran."""
         return self.snap.gpu is not None and any(p.name == part for p in self.snap.gpu.parts)
+
+
+def part_status(scrape: Scrape, part: str) -> CollectorStatus | None:
+    """The status of a collector read along with the GPUs: it follows the GPU read's (a read
+    that failed or timed out fails it too) and its own part of it; None where it did not run."""
+    gpu, reading = scrape.snap.gpu_status, scrape.snap.gpu
+    if gpu is None or reading is None:
+        return None
+    for p in reading.parts:
+        if p.name == part:
+            return CollectorStatus(gpu.success and p.success, p.duration_seconds, gpu.timestamp_seconds)
+    return None
 
 
 def put(family: Metric, labels: dict[str, str], value: float) -> None:

@@ -7,11 +7,11 @@ Not a collector (no --collector.X flag): served on every scrape.
 from __future__ import annotations
 
 import platform
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from ..samples import CollectorStatus, GpuReading, Snapshot
+from ..samples import CollectorStatus
 from ..version import __version__
 from .series import Scrape
 
@@ -28,25 +28,15 @@ DECLARED_WHEN_EMPTY = frozenset(
 )
 
 
-def families(scrape: Scrape) -> Iterator[Metric]:
-    yield from _families(scrape.snap)
-
-
-def _families(snap: Snapshot) -> Iterator[Metric]:
+def families(scrape: Scrape, statuses: Sequence[tuple[str, CollectorStatus]]) -> Iterator[Metric]:
+    """statuses: (collector, its status) of every active collector, in the registry's order."""
+    snap = scrape.snap
     build = GaugeMetricFamily(
         "resmon_build_info", "resmon-exporter build, value 1.", labels=["version", "python_version"]
     )
     build.add_metric([__version__, platform.python_version()], 1)
     yield build
 
-    statuses: list[tuple[str, CollectorStatus]] = []
-    if snap.gpu_status is not None:
-        statuses.append(("gpu", snap.gpu_status))
-        statuses += _gpu_part_statuses(snap.gpu, snap.gpu_status)
-    if snap.kubernetes_status is not None:
-        statuses.append(("kubernetes", snap.kubernetes_status))
-    if snap.host_status is not None:
-        statuses.append(("host", snap.host_status))
     success = GaugeMetricFamily(
         "resmon_collector_success", "1 when the collector's latest refresh succeeded.", labels=["collector"]
     )
@@ -75,15 +65,3 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     if snap.gpu_status is not None and snap.gpu is not None and snap.gpu.error:
         errors.add_metric(["gpu", snap.gpu.error], 1)
     yield errors
-
-
-def _gpu_part_statuses(reading: GpuReading | None, gpu: CollectorStatus) -> list[tuple[str, CollectorStatus]]:
-    """The collectors read along with the GPUs: their status follows the GPU read's (a read
-    that failed or timed out fails them too) and their own part of it."""
-    if reading is None:
-        return []
-    out = [(p.name, CollectorStatus(gpu.success and p.success, p.duration_seconds, gpu.timestamp_seconds)) for p in reading.parts]
-    xid = reading.xid
-    if xid is not None and (xid.watched or not xid.healthy):  # inactive where no GPU can report XIDs
-        out.append(("xid", CollectorStatus(xid.healthy, xid.duration_seconds, gpu.timestamp_seconds)))
-    return out

@@ -10,7 +10,7 @@ from typing import Iterator
 
 from prometheus_client.core import Metric
 
-from ..samples import GpuReading
+from ..samples import CollectorStatus, GpuReading
 from .series import Scrape, family, put
 
 FAMILIES: dict[str, str] = {
@@ -42,3 +42,12 @@ def _families(reading: GpuReading) -> Iterator[Metric]:
         put(last, labels, c.last_seen_seconds)
     yield errors
     yield last
+
+
+def status(scrape: Scrape) -> CollectorStatus | None:
+    """The event watcher's health; inactive (None) where no GPU can report XIDs."""
+    gpu, reading = scrape.snap.gpu_status, scrape.snap.gpu
+    xid = reading.xid if reading is not None else None
+    if gpu is None or xid is None or not (xid.watched or not xid.healthy):
+        return None
+    return CollectorStatus(xid.healthy, xid.duration_seconds, gpu.timestamp_seconds)
