@@ -383,7 +383,7 @@ def import_costs() -> dict[str, float]:
             "    for line in open('/proc/self/status'):\n"
             "        if line.startswith('VmRSS:'): return int(line.split()[1]) / 1024\n"
             "out = {'python': rss()}\n"
-            "for m, k in (('prometheus_client', 'prometheus_client'), ('pynvml', 'pynvml'), ('exporter.cli', 'exporter')):\n"
+            "for m, k in (('prometheus_client', 'prometheus_client'), ('pynvml', 'pynvml'), ('resmon_exporter.cli', 'exporter')):\n"
             "    importlib.import_module(m); out[k] = rss()\n"
             "print(json.dumps(out))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""python -m exporter"""
+"""python -m resmon_exporter"""
 
 import sys
 

@@ -246,6 +246,10 @@ class ResourceMonitor:
         self._backend: GpuBackend | None = backend if options.enabled("gpu") else None
         self._reader = _GpuReader(self._backend, self._log) if self._backend is not None else None
         self._host = HostReader() if options.enabled("host") else None
+        # how /metrics groups and caps process series (and caps allocations): attributes, as
+        # they always were, read on every scrape and refresh
+        self.processes_group_by = options.processes.group_by
+        self.processes_max_per_gpu = options.processes.max_per_gpu
         self._attribution = Attribution(options, options.enabled("processes") and self._backend is not None, self._log)
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -258,15 +262,6 @@ class ResourceMonitor:
         if self._reader is not None:
             # a monitor dropped without close() still stops its thread and releases NVML
             weakref.finalize(self, self._reader.close, 0.0)
-
-    @property
-    def processes_group_by(self) -> str:
-        """How /metrics groups process series (the processes collector reads it)."""
-        return self.options.processes.group_by
-
-    @property
-    def processes_max_per_gpu(self) -> int:
-        return self.options.processes.max_per_gpu
 
     def __enter__(self) -> "ResourceMonitor":
         return self
@@ -363,7 +358,7 @@ class ResourceMonitor:
         complete = True
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
-        who = self._attribution.refresh(gpu, deadline)
+        who = self._attribution.refresh(gpu, deadline, self.processes_max_per_gpu)
         snap = Snapshot(
             gpu=who.gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
             processes=who.processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,

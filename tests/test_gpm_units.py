@@ -1,4 +1,4 @@
-"""The GPM window rules of exporter/backends/nvml_gpm.py, in process against the fake through
+"""The GPM window rules of exporter/backends/nvml/gpm.py, in process against the fake through
 the real pynvml, with the reader's clock under the test's control (no sleeping for windows):
 the first refresh serves nothing, a refresh less than 1 s after the kept sample reuses the
 older one, a changed instance starts afresh, and the values are converted as the contract

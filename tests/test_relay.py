@@ -1,4 +1,4 @@
-"""How a refresh starts its per-GPU reads (exporter/backends/nvml_workers.py): one GPU
+"""How a refresh starts its per-GPU reads (exporter/backends/nvml/workers.py): one GPU
 after another while the driver answers at once, all together once its calls block, and a
 GPU hung in its first call holding up no other. Read from the fake's call trace of the
 real exporter; the order of calls, not their timing, is asserted."""

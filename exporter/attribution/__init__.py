@@ -51,7 +51,6 @@ class Attribution:
 
     def __init__(self, options: MonitorOptions, processes: bool, log: logging.Logger) -> None:
         kube = options.kubernetes
-        self._max_per_gpu = options.processes.max_per_gpu
         # procfs is read on a thread of its own up to the refresh's deadline (issue 22, 16)
         self._procs = DeadlineReader(ProcReader(options.processes.procfs)) if processes else None
         # the GPUs seen so far (replaced whole by the one refresh at a time, read by the List
@@ -80,16 +79,17 @@ class Attribution:
         if self._log_names is not None:
             self._log_names.start()  # the first listing, in the background
 
-    def refresh(self, gpu: GpuReading | None, deadline: float) -> Attributed:
-        """Attribution for this GPU reading, read until the monotonic deadline. Called by one
-        refresh at a time (the monitor's single flight)."""
+    def refresh(self, gpu: GpuReading | None, deadline: float, max_per_gpu: int) -> Attributed:
+        """Attribution for this GPU reading, read until the monotonic deadline, at most
+        max_per_gpu allocation series per GPU. Called by one refresh at a time (the
+        monitor's single flight)."""
         kube = self._kubelet.read(min(deadline - time.monotonic(), _KUBELET_WAIT)) if self._kubelet else None
         allocations = None
         if self._kubelet is not None:
             self._last_migs = join.known_migs(gpu, self._last_migs)
             allocations = join.allocations(gpu, kube, self._last_migs) if kube is not None else None
             self._note_gpus(gpu)
-            allocations = _capped(allocations, self._max_per_gpu)
+            allocations = _capped(allocations, max_per_gpu)
         processes, gpu = self._processes(gpu, deadline)
         status = CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None
         return Attributed(gpu, processes, allocations, status)
