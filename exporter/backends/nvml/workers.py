@@ -157,8 +157,11 @@ class Relay:
                     self._next = len(self._jobs)  # a late pass starts nothing either
                     self._all_started.set()
                 break
-            if not self._all_started.wait(min(RELAY_SECONDS, until - now)) and self._next == seen:
-                self._start(probe=True)  # no progress for RELAY_SECONDS: the read in front is hung or long
+            wait = min(RELAY_SECONDS, until - now)
+            # no progress for a whole RELAY_SECONDS: the read in front is hung or long. A wait
+            # cut short by the deadline starts nothing (it once started one after it).
+            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS:
+                self._start(probe=True)
             seen = self._next
         return self.submitted
 
