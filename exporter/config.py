@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GROUP_BY: tuple[str, ...] = ("process", "container")
@@ -148,10 +148,6 @@ def options_from_keywords(base: MonitorOptions | None, keywords: dict[str, Any])
     )
 
 
-def _enabled(names: Iterable[tuple[str, bool]]) -> frozenset[str]:
-    return frozenset(name for name, on in names if on)
-
-
 @dataclass(frozen=True)
 class Config:
     """The CLI's flag values, one field per flag (cli.FLAGS: the field is the flag's name with
@@ -192,7 +188,7 @@ class Config:
             cache_ttl=self.collect_cache_ttl,
             collect_timeout=self.collect_timeout,
             gpu_backend=self.gpu_backend,
-            collectors=_enabled((c.name, getattr(self, f"collector_{c.name}")) for c in COLLECTORS),
+            collectors=frozenset(c.name for c in COLLECTORS if getattr(self, f"collector_{c.name}")),
             sysfs=self.path_sysfs,
             processes=ProcessesOptions(
                 group_by=self.collector_processes_group_by,

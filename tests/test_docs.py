@@ -7,8 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import tarfile
 
 from resmon_exporter.cli import FLAGS
 from resmon_exporter.collectors.registry import FAMILIES
@@ -257,37 +255,6 @@ def test_readme_installs_into_a_venv_not_the_system_python():
     command = first.group(1)
     venv = re.match(r"python3 -m venv (\S+) && \1/bin/pip install \. && \1/bin/resmon-exporter$", command)
     assert venv or command.startswith("pipx install"), f"README's first command installs into the system Python: {command!r}"
-
-
-def test_sdist_has_the_package_license_and_metadata_and_no_tests(tmp_path):
-    # the tests need the whole repository (the fake NVML's C sources, deploy/, prometheus/,
-    # a compiler): a source distribution with half of tests/ would only fail, so it has none
-    source = tmp_path / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
-        if (REPO / name).exists():
-            shutil.copy(REPO / name, source / name)
-    for name in ("exporter", "tests"):
-        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.so*", "build"))
-    build = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
-    result = subprocess.run([sys.executable, "-c", build, str(tmp_path / "dist")], cwd=source, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    archive = tmp_path / "dist" / result.stdout.strip().splitlines()[-1]
-    with tarfile.open(archive) as tar:
-        members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}
-        info = tar.extractfile(next(m for m in tar.getmembers() if m.name.endswith("/PKG-INFO"))).read().decode()
-    assert not any(m.startswith("tests/") for m in members), sorted(m for m in members if m.startswith("tests/"))[:5]
-    modules = {str(p.relative_to(REPO)) for p in EXPORTER.rglob("*.py")}
-    assert modules <= members, modules - members
-    assert {"LICENSE", "README.md", "pyproject.toml"} <= members
-    assert "License-Expression: Apache-2.0" in info
-    assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License\n") and "END OF TERMS AND CONDITIONS" in (REPO / "LICENSE").read_text()
-    urls = dict(line.split(": ", 1)[1].split(", ", 1) for line in info.splitlines() if line.startswith("Project-URL: "))
-    unit = (REPO / "deploy" / "systemd" / "resmon-exporter.service").read_text()
-    home = re.search(r"^Documentation=(\S+?)(?:#readme)?$", unit, re.M).group(1)  # the unit names the project's home
-    assert urls.get("Homepage") == home and {"Documentation", "Issues", "Source"} <= set(urls), urls
-    assert "Classifier: Programming Language :: Python :: 3.10" in info and "Classifier: Topic :: System :: Monitoring" in info
 
 
 def test_the_memory_figures_of_readme_and_the_kubernetes_guide_are_one_run():
