@@ -484,8 +484,17 @@ class NvmlBackend:
             self._forget(key)
         with self._ident_lock:  # a stuck worker may still be adding to it
             known = list(self._identities.items())
+            identified = dict(self._identified_at)
+        # a GPU reported stuck under its placeholder whose identity answered while this read
+        # finished: its sample is that identity's (one series, never uuid="" beside the UUID)
+        placeholders = {s.identity.index: i for i, (k, s) in enumerate(by_key.items()) if k == f"#index-{s.identity.index}"}
         for key, identity in known:
             if key in seen:
+                continue
+            at = placeholders.get(identity.index)
+            if at is not None and identified.get(identity.index) == key:
+                samples[at] = dataclasses.replace(samples[at], identity=identity)
+                del placeholders[identity.index]
                 continue
             if (identity.index, identity.uuid) in shown:
                 continue  # same labels as an enumerated device (no UUID to tell them apart)
