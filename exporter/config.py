@@ -76,6 +76,7 @@ class MonitorOptions:
 
     cache_ttl: float = 1.0
     collect_timeout: float = 5.0
+    slow_interval: float = 30.0  # values that change rarely are read this often (0: every refresh)
     gpu_backend: str = "auto"
     collectors: frozenset[str] = DEFAULT_COLLECTORS
     sysfs: str = "/sys"
@@ -107,6 +108,7 @@ class MonitorOptions:
 _KEYWORDS: dict[str, tuple[str, str]] = {
     "cache_ttl": ("", "cache_ttl"),
     "collect_timeout": ("", "collect_timeout"),
+    "slow_interval": ("", "slow_interval"),
     "gpu_backend": ("", "gpu_backend"),
     "sysfs": ("", "sysfs"),
     **{f"collect_{c.name}": ("collectors", c.name) for c in COLLECTORS},
@@ -163,6 +165,7 @@ class Config:
     gpu_backend: str
     collect_cache_ttl: float
     collect_timeout: float
+    collect_slow_interval: float
     collector_gpu: bool
     collector_health: bool
     collector_xid: bool
@@ -187,6 +190,7 @@ class Config:
         return MonitorOptions(
             cache_ttl=self.collect_cache_ttl,
             collect_timeout=self.collect_timeout,
+            slow_interval=self.collect_slow_interval,
             gpu_backend=self.gpu_backend,
             collectors=frozenset(c.name for c in COLLECTORS if getattr(self, f"collector_{c.name}")),
             sysfs=self.path_sysfs,

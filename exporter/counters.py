@@ -38,9 +38,18 @@ class Monotonic:
 
     def value(self, key: Hashable, raw: Number) -> Number:
         with self._lock:
-            last, offset = self._state.get(key, (raw, 0))
-            if raw < last:  # restarted lower: what was counted before stays counted
-                offset += last
+            return self._value(key, raw)
+
+    def _value(self, key: Hashable, raw: Number) -> Number:
+        """value() with the lock held by the caller."""
+        state = self._state.get(key)
+        if state is None:
+            self._state[key] = (raw, 0)
+            return raw
+        last, offset = state
+        if raw < last:  # restarted lower: what was counted before stays counted
+            offset += last
+        if raw != last or offset != state[1]:
             self._state[key] = (raw, offset)
         return raw + offset
 
@@ -51,25 +60,32 @@ class Monotonic:
                 del self._state[key]
 
     def samples(self, samples: Iterable[GpuSample]) -> list[GpuSample]:
-        """The samples with every counter field made monotonic, per device."""
-        return [self._sample(s) if s.up else s for s in samples]
+        """The samples with every counter field made monotonic, per device (the lock taken
+        once per device: an H100 has over a hundred counters)."""
+        out = []
+        for s in samples:
+            if s.up:
+                with self._lock:
+                    s = self._sample(s)
+            out.append(s)
+        return out
+
+    def _pairs(self, key: tuple[Hashable, ...], values: tuple[tuple[str, Number], ...]) -> tuple[tuple[str, Number], ...]:
+        served = tuple((label, self._value((*key, label), v)) for label, v in values)
+        return values if served == values else served  # no offset: the same tuple (no copies)
 
     def _sample(self, s: GpuSample) -> GpuSample:
         ident = s.identity
         device = ident.uuid or ident.pci_bus_id or f"#index-{ident.index}"
-
-        def pairs(family: str, values: tuple[tuple[str, Number], ...]) -> tuple[tuple[str, Number], ...]:
-            return tuple((label, self.value((device, family, label), v)) for label, v in values)
-
         changes: dict[str, object] = {
-            "busy_seconds": pairs("busy", s.busy_seconds),
-            "clock_event_seconds": pairs("clock_event", s.clock_event_seconds),
-            "pcie_bytes": pairs("pcie_bytes", s.pcie_bytes),
+            "busy_seconds": self._pairs((device, "busy"), s.busy_seconds),
+            "clock_event_seconds": self._pairs((device, "clock_event"), s.clock_event_seconds),
+            "pcie_bytes": self._pairs((device, "pcie_bytes"), s.pcie_bytes),
         }
         if s.energy_joules is not None:
-            changes["energy_joules"] = self.value((device, "energy"), s.energy_joules)
+            changes["energy_joules"] = self._value((device, "energy"), s.energy_joules)
         if s.pcie_replays is not None:
-            changes["pcie_replays"] = self.value((device, "pcie_replays"), s.pcie_replays)
+            changes["pcie_replays"] = self._value((device, "pcie_replays"), s.pcie_replays)
         if s.health is not None and s.health.ecc_errors:
             changes["health"] = self._health(device, s.health)
         if s.nvlinks:
@@ -78,14 +94,16 @@ class Monotonic:
 
     def _health(self, device: str, health: GpuHealth) -> GpuHealth:
         errors = tuple(
-            (kind, scope, self.value((device, "ecc", kind, scope), n)) for kind, scope, n in health.ecc_errors
+            (kind, scope, self._value((device, "ecc", kind, scope), n)) for kind, scope, n in health.ecc_errors
         )
-        return dataclasses.replace(health, ecc_errors=errors)  # type: ignore[arg-type]
+        return health if errors == health.ecc_errors else dataclasses.replace(health, ecc_errors=errors)
 
     def _link(self, device: str, link: NvLinkSample) -> NvLinkSample:
-        moved = tuple((d, self.value((device, "nvlink_bytes", link.link, d), n)) for d, n in link.bytes)
-        errors = tuple((t, self.value((device, "nvlink_errors", link.link, t), n)) for t, n in link.errors)
-        return dataclasses.replace(link, bytes=moved, errors=errors)  # type: ignore[arg-type]
+        moved = self._pairs((device, "nvlink_bytes", link.link), link.bytes)
+        errors = self._pairs((device, "nvlink_errors", link.link), link.errors)
+        if moved is link.bytes and errors is link.errors:
+            return link
+        return dataclasses.replace(link, bytes=moved, errors=errors)
 
 
 class Unwrap:

@@ -191,6 +191,7 @@ class GpuSample:
     mig_uuids: tuple[str, ...] = ()  # UUIDs of the MIG devices while MIG is on (kubernetes device ids)
     profiling: ProfilingSample | None = None  # None: collector off, no GPM, or no window yet
     mig: MigState | None = None  # None: mig collector off, or a GPU without MIG
+    slow_read_at: float | None = None  # Unix time its slow values were read (NVML: --collect.slow-interval)
 
 
 def in_order(samples: Iterable[GpuSample]) -> tuple[GpuSample, ...]:
@@ -229,6 +230,7 @@ class PartStatus:
     name: str
     success: bool
     duration_seconds: float
+    read_at: float | None = None  # Unix time of the oldest value it serves, where older than the read
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,14 +42,31 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
     pcie_gen=, pcie_gen_max=       CurrPcieLinkGeneration; Max- and GpuMaxPcieLinkGeneration
     pcie_width=, pcie_width_max=, pcie_replays=   (each unset: that call NOT_SUPPORTED)
     field.<id>=<int>               nvmlDeviceGetFieldValues, every scopeId; UINT (valueType 1)
-                                   for ids 82, 91, 230, ULONGLONG (3) for the others
+                                   for ids 1, 2, 31, 82, 91, 94, 142-145, 165, 185, 186, 190,
+                                   230, ULONGLONG (3) for the others
     field.<id>@<scope>=<int>       that scopeId only; wins over the plain key (so do the
                                    @<scope> forms of the three keys below)
     field_double.<id>=<float>      stored in dVal, valueType DOUBLE (0)
     field_type.<id>=<t>            the reported valueType only (r545: uiVal labelled DOUBLE)
     field_rc.<id>=<rc>             that entry's own nvmlReturn
-                                   An id with none of these (and not 91 / 138-141 from the
-                                   nvlink keys): NOT_SUPPORTED. The call returns SUCCESS
+                                   These keys win over what follows. Without them an id
+                                   modeled on a direct call answers what that call answers on
+                                   the same state, its rc.<symbol> / gpu.<i>.rc.<symbol>
+                                   override too (as the entry's nvmlReturn; not its delay, nor
+                                   a trace line): 1/2 ECC current/pending (GetEccMode); 3/4/5/6
+                                   SBE/DBE volatile, SBE/DBE aggregate (GetTotalEccErrors);
+                                   29/30 retired pages of cause 0/1 (GetRetiredPages), 31 pending
+                                   (...PendingStatus); 142-145 remapped cor/unc/pending/failure
+                                   (GetRemappedRows); 165 link state, 161/162/163 replay/
+                                   recovery/crc_flit, scopeId = link (GetNvLinkState /
+                                   GetNvLinkErrorCounter); the legacy per-link counters, scopeId
+                                   ignored: crc_flit 32-37 (links 0-5) and 96-101 (6-11),
+                                   crc_data 39-44 / 102-107, replay 46-51 / 108-113, recovery
+                                   53-58 / 114-119; 83 energy_mj (GetTotalEnergyConsumption);
+                                   185/186 power_mw (GetPowerUsage), 190 power_limit_mw
+                                   (GetEnforcedPowerLimit), scopeId 0 only; 94 pcie_replays
+                                   (GetPcieReplayCounter). 91 and 138-141 come from the nvlink
+                                   keys. Any other id: NOT_SUPPORTED. The call returns SUCCESS
                                    (NULL array or count <= 0: INVALID_ARGUMENT); every entry
                                    gets timestamp = now (µs since the epoch), latencyUsec 0.
     violation.<policy>=<ns>        nvmlDeviceGetViolationStatus, policy 0..5 (unset: that

@@ -39,7 +39,8 @@ def nvml(fake_libs, tmp_path_factory, tmp_path, monkeypatch) -> Scenario:
 def make_monitor(log: logging.Logger, xid: bool = False) -> ResourceMonitor:
     # no backoff: a lost library is initialised again on the next refresh
     backend = NvmlBackend(log, explicit=True, min_backoff=0.0, max_backoff=0.0, device_timeout=5.0,
-                          options=GpuOptions(health=True, nvlink=True, xid=xid, profiling=False, mig=False))
+                          options=GpuOptions(health=True, nvlink=True, xid=xid, profiling=False, mig=False,
+                                             slow_interval=0.0))  # every value on every refresh
     return ResourceMonitor(logger=log, backend=backend, cache_ttl=0, collect_timeout=5.0, collect_host=False)
 
 

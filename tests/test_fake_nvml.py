@@ -981,3 +981,266 @@ def test_gpm_symbols_only_in_the_current_build_mig_instance_ids_in_both(fake_lib
             assert (f" {symbol}\n" in syms) == (build == "current"), (build, symbol)
         for symbol in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
             assert f" {symbol}\n" in syms, (build, symbol)
+
+
+# -- field ids answered from the state of their direct call ----------------------------------
+# A real driver serves nvmlDeviceGetFieldValues and the direct calls from the same data, so
+# the fake does too: each modeled id must equal its call, value or error, on every board.
+
+ECC_FIELDS = {(0, 0): 3, (1, 0): 4, (0, 1): 5, (1, 1): 6}  # (errorType, counterType) -> id
+RETIRED_FIELDS = {0: 29, 1: 30}  # nvmlPageRetirementCause_t -> id
+REMAPPED_FIELDS = (142, 143, 144, 145)  # the outputs of nvmlDeviceGetRemappedRows, in order
+NVLINK_DL_FIELDS = {161: 0, 162: 1, 163: 2}  # id (scopeId = link) -> nvmlNvLinkErrorCounter_t
+LEGACY_NVLINK_FIELDS = {2: (32, 96), 3: (39, 102), 0: (46, 108), 1: (53, 114)}  # counter -> id of link 0, of link 6
+
+
+def legacy_nvlink_field(counter: int, link: int) -> int:
+    low, high = LEGACY_NVLINK_FIELDS[counter]
+    return low + link if link < 6 else high + link - 6
+
+
+LEGACY_NVLINK_IDS = {legacy_nvlink_field(c, link) for c in LEGACY_NVLINK_FIELDS for link in range(12)}
+
+
+def answer(call):
+    """A direct call's value, or ("rc", its NVML error code)."""
+    try:
+        return call()
+    except pynvml.NVMLError as err:
+        return ("rc", err.value)
+
+
+def entry_answer(entry, value_type: int):
+    """An entry's value in the union member of value_type, or ("rc", its nvmlReturn)."""
+    if entry.nvmlReturn != SUCCESS:
+        return ("rc", entry.nvmlReturn)
+    return ok(entry, value_type)
+
+
+def modeled_pairs(h, links=(0,)) -> list:
+    """(request, valueType, direct call) for every modeled id; the NVLink ones for `links`."""
+    return [
+        ((1, 0), UINT, lambda: pynvml.nvmlDeviceGetEccMode(h)[0]),
+        ((2, 0), UINT, lambda: pynvml.nvmlDeviceGetEccMode(h)[1]),
+        *(((fid, 0), ULONGLONG, lambda t=t, c=c: pynvml.nvmlDeviceGetTotalEccErrors(h, t, c))
+          for (t, c), fid in ECC_FIELDS.items()),
+        *(((fid, 0), ULONGLONG, lambda cause=cause: len(pynvml.nvmlDeviceGetRetiredPages(h, cause)))
+          for cause, fid in RETIRED_FIELDS.items()),
+        ((31, 0), UINT, lambda: pynvml.nvmlDeviceGetRetiredPagesPendingStatus(h)),
+        *(((fid, 0), UINT, lambda i=i: pynvml.nvmlDeviceGetRemappedRows(h)[i]) for i, fid in enumerate(REMAPPED_FIELDS)),
+        *(((165, link), UINT, lambda link=link: pynvml.nvmlDeviceGetNvLinkState(h, link)) for link in links),
+        *(((fid, link), ULONGLONG, lambda link=link, c=c: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, c))
+          for fid, c in NVLINK_DL_FIELDS.items() for link in links),
+        *(((legacy_nvlink_field(c, link), 0), ULONGLONG,
+           lambda link=link, c=c: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, link, c))
+          for c in LEGACY_NVLINK_FIELDS for link in links if link < 12),
+        ((83, 0), ULONGLONG, lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(h)),
+        ((185, 0), UINT, lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
+        ((186, 0), UINT, lambda: pynvml.nvmlDeviceGetPowerUsage(h)),
+        ((190, 0), UINT, lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h)),
+        ((94, 0), UINT, lambda: pynvml.nvmlDeviceGetPcieReplayCounter(h)),
+    ]
+
+
+def agree(h, pairs) -> dict:
+    """Read every request in one batch and assert each entry answers what its call answers:
+    {request: that common answer}."""
+    got = fields(h, *(request for request, _, _ in pairs))
+    answers = {}
+    for request, value_type, call in pairs:
+        answers[request] = answer(call)
+        assert entry_answer(got[request], value_type) == answers[request], request
+    return answers
+
+
+def test_ecc_fields_equal_the_ecc_calls(nvml):
+    hopper, volta, _ = nvml(sc.health_machine())
+    for board, counts in ((hopper, sc.HOPPER_ECC), (volta, sc.VOLTA_ECC)):
+        got = agree(board, modeled_pairs(board)[:6])
+        assert (got[(1, 0)], got[(2, 0)]) == (1, 1)
+        assert got[(5, 0)] == counts["corrected.aggregate"] > 0
+    # distinct counts, so a swapped errorType / counterType shows
+    (h,) = nvml({"gpu.0.ecc": "on", "gpu.0.ecc_pending": 0, "gpu.0.ecc.corrected.volatile": 11,
+                 "gpu.0.ecc.uncorrected.volatile": 22, "gpu.0.ecc.corrected.aggregate": 33,
+                 "gpu.0.ecc.uncorrected.aggregate": 44})
+    got = agree(h, modeled_pairs(h)[:6])
+    assert [got[(fid, 0)] for fid in range(1, 7)] == [1, 0, 11, 22, 33, 44]
+    # off, on after the next reboot: the mode answers, the counters do not (as their call)
+    (h,) = nvml({"gpu.0.ecc": "off", "gpu.0.ecc_pending": 1, "gpu.0.ecc.corrected.volatile": 4})
+    got = agree(h, modeled_pairs(h)[:6])
+    assert [got[(fid, 0)] for fid in range(1, 7)] == [0, 1, *[("rc", NOT_SUPPORTED)] * 4]
+
+
+def test_retired_page_fields_equal_the_retirement_calls(nvml):
+    _, volta, _ = nvml(sc.health_machine())
+    pairs = [p for p in modeled_pairs(volta) if p[0][0] in (29, 30, 31)]
+    got = agree(volta, pairs)
+    assert got == {(29, 0): sc.VOLTA_RETIRED["multiple_single_bit"], (30, 0): sc.VOLTA_RETIRED["double_bit"],
+                   (31, 0): sc.VOLTA_RETIRED["pending"]}
+    (h,) = nvml({"gpu.0.page_retirement": 1, "gpu.0.retired.multiple_single_bit": 2, "gpu.0.retired.double_bit": 5,
+                 "gpu.0.retired_pending": 1})
+    got = agree(h, [p for p in modeled_pairs(h) if p[0][0] in (29, 30, 31)])
+    assert got == {(29, 0): 2, (30, 0): 5, (31, 0): 1}
+
+
+def test_remapped_row_fields_equal_the_remapped_rows_call(nvml):
+    hopper, _, _ = nvml(sc.health_machine())
+    r = sc.HOPPER_REMAPPED
+    got = agree(hopper, [p for p in modeled_pairs(hopper) if p[0][0] in REMAPPED_FIELDS])
+    assert [got[(fid, 0)] for fid in REMAPPED_FIELDS] == [r["correctable"], r["uncorrectable"], r["pending"], r["failed"]]
+    for rows in ((7, 9, 1, 0), (0, 3, 0, 1)):  # each output on its own id
+        (h,) = nvml({"gpu.0.row_remapping": 1, "gpu.0.remapped.correctable": rows[0],
+                     "gpu.0.remapped.uncorrectable": rows[1], "gpu.0.remap_pending": rows[2],
+                     "gpu.0.remap_failed": rows[3]})
+        got = agree(h, [p for p in modeled_pairs(h) if p[0][0] in REMAPPED_FIELDS])
+        assert tuple(got[(fid, 0)] for fid in REMAPPED_FIELDS) == rows
+
+
+def test_nvlink_state_and_error_fields_equal_the_nvlink_calls(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.nvlink.4.active": 0})
+    links = range(sc.HOPPER_NVLINKS)
+    pairs = [p for p in modeled_pairs(h, links) if p[0][0] in (165, *NVLINK_DL_FIELDS)]
+    got = agree(h, pairs)
+    assert [got[(165, link)] for link in links] == [0 if link == 4 else 1 for link in links]
+    for (link, name), count in sc.HOPPER_NVLINK_ERRORS.items():
+        fid = {0: 161, 1: 162, 2: 163}.get(sc.NVLINK_ERROR_COUNTERS.index(name))
+        if fid is not None:
+            assert got[(fid, link)] == count, (link, name)
+    assert (got[(161, 3)], got[(163, 3)], got[(162, 7)]) == (5, 2, 1)
+    # a link past the last one, and the all-links scope: INVALID_ARGUMENT, as the calls say
+    got = agree(h, [p for p in modeled_pairs(h, (18, sc.ALL_LINKS)) if p[0][0] in (165, *NVLINK_DL_FIELDS)])
+    assert set(got.values()) == {("rc", INVALID_ARGUMENT)}
+
+
+def test_legacy_per_link_nvlink_fields_equal_the_error_counter_call(nvml):
+    errors = {f"gpu.0.nvlink.{link}.errors.{sc.NVLINK_ERROR_COUNTERS[c]}": 1000 * (c + 1) + link
+              for link in range(12) for c in LEGACY_NVLINK_FIELDS}
+    (h,) = nvml({"gpu.0.nvlinks": 12, **errors})
+    pairs = [p for p in modeled_pairs(h, range(12)) if p[0][0] in LEGACY_NVLINK_IDS]
+    assert len(pairs) == len(LEGACY_NVLINK_IDS) == 48
+    got = agree(h, pairs)
+    for c in LEGACY_NVLINK_FIELDS:
+        for link in range(12):
+            assert got[(legacy_nvlink_field(c, link), 0)] == 1000 * (c + 1) + link, (c, link)
+    assert legacy_nvlink_field(2, 0) == 32 and legacy_nvlink_field(1, 11) == 119
+    # the scopeId is ignored; the totals and the ids between the ranges are not modeled
+    scoped = fields(h, (32, 7), (101, 3), 38, 45, 52, 59, 95, 120)
+    assert ok(scoped[(32, 7)], ULONGLONG) == 3000 and ok(scoped[(101, 3)], ULONGLONG) == 3011
+    for fid in (38, 45, 52, 59, 95, 120):
+        assert scoped[(fid, 0)].nvmlReturn == NOT_SUPPORTED, fid
+    # fewer links: the ids past the last one INVALID_ARGUMENT, as the call for that link
+    (h,) = nvml({"gpu.0.nvlinks": 4, **errors})
+    got = agree(h, [p for p in modeled_pairs(h, range(12)) if p[0][0] in LEGACY_NVLINK_IDS])
+    assert got[(legacy_nvlink_field(0, 3), 0)] == 1003
+    assert {got[(legacy_nvlink_field(c, link), 0)] for c in LEGACY_NVLINK_FIELDS for link in range(4, 12)} == {
+        ("rc", INVALID_ARGUMENT)}
+
+
+def test_power_energy_and_pcie_replay_fields_equal_their_calls(nvml):
+    values = sc.three_gpus()
+    h0, h1, h2 = nvml(values)
+    power = [p for p in modeled_pairs(h0) if p[0][0] in (83, 185, 186, 190, 94)]
+    got = agree(h0, power)
+    assert got == {(83, 0): values["gpu.0.energy_mj"], (185, 0): values["gpu.0.power_mw"],
+                   (186, 0): values["gpu.0.power_mw"], (190, 0): values["gpu.0.power_limit_mw"],
+                   (94, 0): ("rc", NOT_SUPPORTED)}  # no pcie_replays key: the call is NOT_SUPPORTED
+    got = agree(h1, [p for p in modeled_pairs(h1) if p[0][0] in (83, 185, 190)])
+    assert got == {(83, 0): 5000, (185, 0): 60000, (190, 0): 400000}
+    # the L4 whose power and energy calls are NOT_SUPPORTED (rc overrides): so are the fields
+    got = agree(h2, [p for p in modeled_pairs(h2) if p[0][0] in (83, 185, 186, 190)])
+    assert got == {(83, 0): ("rc", NOT_SUPPORTED), (185, 0): ("rc", NOT_SUPPORTED),
+                   (186, 0): ("rc", NOT_SUPPORTED), (190, 0): values["gpu.2.power_limit_mw"]}
+    assert fields(h0, (185, 1))[(185, 1)].nvmlReturn == NOT_SUPPORTED  # module power: not modeled
+    # the same live state: a reload changes both
+    (h,) = nvml({"gpu.0.power_mw": 123456, "gpu.0.energy_mj": 2**40 + 7, "gpu.0.pcie_replays": 9})
+    got = agree(h, [p for p in modeled_pairs(h) if p[0][0] in (83, 185, 94)])
+    assert got == {(83, 0): 2**40 + 7, (185, 0): 123456, (94, 0): 9}
+    hopper, _, _ = nvml(sc.health_machine())
+    assert agree(hopper, [p for p in modeled_pairs(hopper) if p[0][0] == 94]) == {(94, 0): sc.HOPPER_PCIE["replays"]}
+
+
+def test_modeled_fields_are_not_supported_where_their_calls_are(nvml):
+    hopper, volta, consumer = nvml(sc.health_machine())
+    got = agree(consumer, modeled_pairs(consumer))  # no ECC, retirement, remapping or NVLink
+    unsupported = {request for request, value in got.items() if value == ("rc", NOT_SUPPORTED)}
+    assert unsupported == {request for request in got if request[0] not in (83, 185, 186, 190, 94)}
+    assert len(unsupported) == 21
+    got = agree(hopper, modeled_pairs(hopper))  # row remapping, no page retirement
+    assert {r for r, v in got.items() if v == ("rc", NOT_SUPPORTED)} == {(29, 0), (30, 0), (31, 0)}
+    got = agree(volta, modeled_pairs(volta))  # page retirement, no row remapping
+    assert {r for r, v in got.items() if v == ("rc", NOT_SUPPORTED)} == {(fid, 0) for fid in REMAPPED_FIELDS}
+
+
+def test_rc_overrides_of_the_direct_call_reach_the_field_entries(nvml, monkeypatch):
+    values = {"count": 2, **sc.hopper_board(0), **sc.hopper_board(1),
+              "gpu.0.rc.nvmlDeviceGetPowerUsage": NOT_SUPPORTED, "gpu.0.rc.nvmlDeviceGetTotalEccErrors": 999,
+              "rc.nvmlDeviceGetRemappedRows": 15, "gpu.1.rc.nvmlDeviceGetNvLinkErrorCounter": 4,
+              "gpu.1.rc.nvmlDeviceGetTotalEnergyConsumption": 999, "gpu.1.rc.nvmlDeviceGetRetiredPages": 4,
+              "gpu.1.rc.nvmlDeviceGetRetiredPagesPendingStatus": 999, "gpu.1.rc.nvmlDeviceGetPcieReplayCounter": 999,
+              "gpu.0.delay_ms.nvmlDeviceGetEnforcedPowerLimit": 3000}  # a delay stays with its own call
+    h0, h1 = nvml(values)
+    started = time.monotonic()
+    got0 = fields(h0, *(request for request, _, _ in modeled_pairs(h0, (0, 3))))
+    assert time.monotonic() - started < 1.5
+    assert ok(got0[(190, 0)], UINT) == 700000  # the delayed call's field answers at once
+    assert {got0[(fid, 0)].nvmlReturn for fid in (185, 186)} == {NOT_SUPPORTED}
+    assert {got0[(fid, 0)].nvmlReturn for fid in ECC_FIELDS.values()} == {999}
+    assert ok(got0[(1, 0)], UINT) == 1  # GetEccMode is not overridden
+    assert {got0[(fid, 0)].nvmlReturn for fid in REMAPPED_FIELDS} == {15}  # global: every GPU
+    assert ok(got0[(161, 3)], ULONGLONG) == 5  # GPU 1's override is its own
+    got1 = agree(h1, modeled_pairs(h1, (0, 3)))  # each entry answers as its overridden call
+    assert {got1[(fid, 3)] for fid in NVLINK_DL_FIELDS} == {("rc", 4)}
+    assert {got1[(legacy_nvlink_field(c, 3), 0)] for c in LEGACY_NVLINK_FIELDS} == {("rc", 4)}
+    assert got1[(165, 3)] == 1 and got1[(185, 0)] == 70000 and got1[(83, 0)] == ("rc", 999)
+    assert {got1[(fid, 0)] for fid in REMAPPED_FIELDS} == {("rc", 15)}
+    # an override beats NOT_SUPPORTED (no page retirement here), each id taking its own call's
+    assert (got1[(29, 0)], got1[(30, 0)], got1[(31, 0)]) == (("rc", 4), ("rc", 4), ("rc", 999))
+    assert got1[(94, 0)] == ("rc", 999) and got1[(1, 0)] == 1
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetPowerUsage, h0)  # the calls say the same
+    raises(999, pynvml.nvmlDeviceGetTotalEccErrors, h0, 0, 1)
+    raises(15, pynvml.nvmlDeviceGetRemappedRows, h1)
+    raises(4, pynvml.nvmlDeviceGetNvLinkErrorCounter, h1, 3, 0)
+    # gpu.<i>.rc.all still fails the whole call (its DEV_ENTER), not entry by entry
+    Scenario(Path(os.environ["FAKE_NVML_SCENARIO"]), {**values, "gpu.0.rc.all": 15})
+    raises(15, pynvml.nvmlDeviceGetFieldValues, h0, [185, 1])
+
+
+def test_explicit_field_keys_win_over_the_modeled_values(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.field.185": 12345, "gpu.0.field_rc.3": 4,
+                 "gpu.0.field.165@2": 0, "gpu.0.field_double.83": 2.5, "gpu.0.field_type.1": ULONGLONG,
+                 "gpu.0.field.142": 77, "gpu.0.rc.nvmlDeviceGetRemappedRows": 15,
+                 "gpu.0.field.29": 6, "gpu.0.field_rc.94": NOT_FOUND})
+    got = fields(h, 185, 186, 3, 4, (165, 2), (165, 1), 83, 1, 142, 143, 29, 94)
+    assert ok(got[(185, 0)], UINT) == 12345 != pynvml.nvmlDeviceGetPowerUsage(h)  # still labelled UINT
+    assert ok(got[(186, 0)], UINT) == pynvml.nvmlDeviceGetPowerUsage(h)  # its own id is still modeled
+    assert got[(3, 0)].nvmlReturn == 4 and ok(got[(4, 0)], ULONGLONG) == 0
+    assert ok(got[(165, 2)], UINT) == 0 and ok(got[(165, 1)], UINT) == 1 == pynvml.nvmlDeviceGetNvLinkState(h, 2)
+    assert ok(got[(83, 0)], DOUBLE) == 2.5
+    relabelled = got[(1, 0)]  # a type alone relabels the modeled value, stored as UINT
+    assert relabelled.nvmlReturn == SUCCESS and relabelled.valueType == ULONGLONG and relabelled.value.uiVal == 1
+    assert ok(got[(142, 0)], UINT) == 77 and got[(143, 0)].nvmlReturn == 15  # the value key beats the rc override
+    assert ok(got[(29, 0)], ULONGLONG) == 6  # hopper has no page retirement: the key answers anyway
+    assert got[(94, 0)].nvmlReturn == NOT_FOUND
+
+
+def test_a_batch_of_modeled_fields_is_one_traced_call(nvml):
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.rc.nvmlDeviceGetPowerUsage": 15,
+                 "rc.nvmlDeviceGetNvLinkErrorCounter": 999})  # looked up, yet not traced either
+    requests = [request for request, _, _ in modeled_pairs(h, range(sc.HOPPER_NVLINKS))]
+    nvml.trace.clear()
+    got = fields(h, *requests)
+    assert nvml.trace.lines() == [("nvmlDeviceGetFieldValues", 0)]
+    assert got[(185, 0)].nvmlReturn == 15 and got[(161, 0)].nvmlReturn == 999  # the overrides were applied
+    assert ok(got[(5, 0)], ULONGLONG) == sc.HOPPER_ECC["corrected.aggregate"]
+
+
+def test_modeled_fields_follow_their_calls_in_mig_mode(nvml):
+    h0, _, _ = nvml(sc.profiling_machine())  # GPU 0: an H100 in MIG mode with MIG devices
+    assert pynvml.nvmlDeviceGetMigMode(h0) == [1, 1]
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetUtilizationRates, h0)  # what MIG mode refuses
+    got = agree(h0, modeled_pairs(h0, (0, 3)))  # none of these calls refuses in MIG mode
+    assert got[(5, 0)] == sc.HOPPER_ECC["corrected.aggregate"] and got[(142, 0)] == sc.HOPPER_REMAPPED["correctable"]
+    assert got[(161, 3)] == 5 and got[(185, 0)] == 70000
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, 0)
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetFieldValues, mig, [185])  # as every call on a MIG handle
+    raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetPowerUsage, mig)

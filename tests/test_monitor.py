@@ -435,10 +435,10 @@ def read_with_a_defect_on_gpu_0(backend: NvmlBackend, monkeypatch: pytest.Monkey
     """A read in which GPU 0's job raises a bug (not an NVML error); it must reach the caller."""
     plain = backend._read_device
 
-    def faulty(index: int):
+    def faulty(index: int, slow: bool = True):
         if index == 0:
             raise RuntimeError("a defect")
-        return plain(index)
+        return plain(index, slow)
 
     monkeypatch.setattr(backend, "_read_device", faulty)
     with pytest.raises(RuntimeError, match="a defect"):
@@ -484,7 +484,7 @@ def test_a_stuck_gpus_late_health_failure_fails_only_its_own_read(nvml, log):
     # the job no read waits for any more, must not fail the next read, where GPU 1 answers
     scenario, _ = nvml
     scenario.update(**{"gpu.1.row_remapping": 1})
-    backend = NvmlBackend(log[0], device_timeout=0.6)
+    backend = NvmlBackend(log[0], device_timeout=0.6, options=GpuOptions(slow_interval=0.0))  # remapped rows each refresh
     try:
         assert _health_status(backend.read())
         scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetRemappedRows": 1500, "gpu.1.rc.nvmlDeviceGetRemappedRows": UNKNOWN})

@@ -264,7 +264,7 @@ def test_a_departed_gpu_is_forgotten_after_a_while(fake_libs, tmp_path_factory, 
     try:
         assert [d.up for d in backend.read().devices] == [True, True]
         # what must go with it later: its caches hold it now
-        assert UUID1 in backend._pcie_max and UUID1 in backend._up
+        assert UUID1 in backend._slow_parts and UUID1 in backend._up
         assert any(k == UUID1 for k, _ in backend._health._unsupported)
         scenario.update(count=1)  # GPU 1 falls off the bus
         reading = backend.read()
@@ -278,7 +278,7 @@ def test_a_departed_gpu_is_forgotten_after_a_while(fake_libs, tmp_path_factory, 
         assert [d.identity.uuid for d in reading.devices] == [UUID0]
         # and every per-device cache let it go (memory stays bounded)
         assert set(backend._up) == {UUID0} and set(backend._identities) == {UUID0}
-        assert set(backend._pcie_max) <= {UUID0} and set(backend._process_seen._stamps) <= {UUID0}
+        assert set(backend._slow_parts) <= {UUID0} and set(backend._process_seen._stamps) <= {UUID0}
         assert {k for k, _ in backend._busy._engines} <= {UUID0}
         assert {k for k, _ in backend._health._unsupported} <= {UUID0}
         assert {k for k, _ in backend._clock_event_source} <= {UUID0}

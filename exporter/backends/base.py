@@ -17,7 +17,8 @@ class GpuOptions:
     """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes/
     profiling/mig);
     mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
-    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend."""
+    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend;
+    slow_interval: seconds between reads of the values that change rarely (NVML: slow.py)."""
 
     health: bool = True
     nvlink: bool = True
@@ -27,6 +28,7 @@ class GpuOptions:
     mig: bool = True
     mig_devices: bool = False
     sysfs: str = "/sys"
+    slow_interval: float = 30.0  # --collect.slow-interval: how often rarely changing values are read
 
 
 class BackendError(Exception):

@@ -50,7 +50,10 @@ def part_status(scrape: Scrape, part: str) -> CollectorStatus | None:
         return None
     for p in reading.parts:
         if p.name == part:
-            return CollectorStatus(gpu.success and p.success, p.duration_seconds, gpu.timestamp_seconds)
+            stamp = gpu.timestamp_seconds
+            if stamp is not None and p.read_at is not None:
+                stamp = min(stamp, p.read_at)  # values from a slow read: as old as that read
+            return CollectorStatus(gpu.success and p.success, p.duration_seconds, stamp)
     return None
 
 

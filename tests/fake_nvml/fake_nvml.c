@@ -154,6 +154,53 @@ typedef struct {
 #define FIELD_NVLINK_LINK_COUNT 91
 #define FIELD_NVLINK_DATA_TX 138
 #define FIELD_NVLINK_RAW_RX 141
+/* Field ids answered from the state of a direct call (field_model); NVML_FI_DEV_* in nvml.h */
+#define FIELD_ECC_CURRENT 1
+#define FIELD_ECC_PENDING 2
+#define FIELD_ECC_SBE_VOL_TOTAL 3       /* 3..6: SBE / DBE volatile, SBE / DBE aggregate */
+#define FIELD_ECC_DBE_AGG_TOTAL 6
+#define FIELD_RETIRED_SBE 29
+#define FIELD_RETIRED_DBE 30
+#define FIELD_RETIRED_PENDING 31
+#define FIELD_TOTAL_ENERGY 83
+#define FIELD_PCIE_REPLAY_COUNTER 94
+#define FIELD_REMAPPED_COR 142          /* 142..145: correctable, uncorrectable, pending, failure */
+#define FIELD_REMAPPED_FAILURE 145
+#define FIELD_NVLINK_DL_REPLAY 161      /* 161..163: error counters 0..2, scopeId = link */
+#define FIELD_NVLINK_DL_CRC 163
+#define FIELD_NVLINK_GET_STATE 165
+#define FIELD_POWER_AVERAGE 185
+#define FIELD_POWER_INSTANT 186
+#define FIELD_POWER_CURRENT_LIMIT 190
+
+#ifdef FAKE_WITH_NVML_H
+/* The ids above are the header's: a drift fails the build. */
+_Static_assert(FIELD_NVLINK_LINK_COUNT == NVML_FI_DEV_NVLINK_LINK_COUNT, "field 91");
+_Static_assert(FIELD_NVLINK_DATA_TX == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "field 138");
+_Static_assert(FIELD_NVLINK_RAW_RX == NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, "field 141");
+_Static_assert(FIELD_ECC_CURRENT == NVML_FI_DEV_ECC_CURRENT, "field 1");
+_Static_assert(FIELD_ECC_PENDING == NVML_FI_DEV_ECC_PENDING, "field 2");
+_Static_assert(FIELD_ECC_SBE_VOL_TOTAL == NVML_FI_DEV_ECC_SBE_VOL_TOTAL && NVML_FI_DEV_ECC_DBE_VOL_TOTAL == 4 &&
+               NVML_FI_DEV_ECC_SBE_AGG_TOTAL == 5 && FIELD_ECC_DBE_AGG_TOTAL == NVML_FI_DEV_ECC_DBE_AGG_TOTAL, "fields 3-6");
+_Static_assert(FIELD_RETIRED_SBE == NVML_FI_DEV_RETIRED_SBE && FIELD_RETIRED_DBE == NVML_FI_DEV_RETIRED_DBE &&
+               FIELD_RETIRED_PENDING == NVML_FI_DEV_RETIRED_PENDING, "fields 29-31");
+_Static_assert(FIELD_TOTAL_ENERGY == NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "field 83");
+_Static_assert(FIELD_PCIE_REPLAY_COUNTER == NVML_FI_DEV_PCIE_REPLAY_COUNTER, "field 94");
+_Static_assert(FIELD_REMAPPED_COR == NVML_FI_DEV_REMAPPED_COR && NVML_FI_DEV_REMAPPED_UNC == 143 &&
+               NVML_FI_DEV_REMAPPED_PENDING == 144 && FIELD_REMAPPED_FAILURE == NVML_FI_DEV_REMAPPED_FAILURE,
+               "fields 142-145");
+_Static_assert(FIELD_NVLINK_DL_REPLAY == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY &&
+               NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY == 162 && FIELD_NVLINK_DL_CRC == NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+               "fields 161-163");
+_Static_assert(FIELD_NVLINK_GET_STATE == NVML_FI_DEV_NVLINK_GET_STATE, "field 165");
+_Static_assert(FIELD_POWER_AVERAGE == NVML_FI_DEV_POWER_AVERAGE && FIELD_POWER_INSTANT == NVML_FI_DEV_POWER_INSTANT &&
+               FIELD_POWER_CURRENT_LIMIT == NVML_FI_DEV_POWER_CURRENT_LIMIT, "fields 185, 186, 190");
+_Static_assert(NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0 == 32 && NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L6 == 96 &&
+               NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L0 == 39 && NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L6 == 102 &&
+               NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L0 == 46 && NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L6 == 108 &&
+               NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L0 == 53 && NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L6 == 114 &&
+               NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L11 == 119, "legacy per-link NVLink fields");
+#endif
 
 typedef struct {
     int active;
@@ -890,6 +937,13 @@ static int override_rc(int fn, int idx) {
     return g.rc[fn] != UNSET ? g.rc[fn] : NVML_SUCCESS;
 }
 
+/* What the overrides of symbol fn (gpu.<i>.rc.<fn>, then rc.<fn>) make that call return on gp,
+ * without tracing or delaying it: a field read answers as the direct call would, yet stays one
+ * nvmlDeviceGetFieldValues call. g_mu held. */
+static nvmlReturn_t symbol_rc(const fake_gpu_t *gp, int fn) {
+    return (nvmlReturn_t)override_rc(fn, (int)(gp - g.gpus));
+}
+
 /* Entry of every call. Returns with g_mu held; the delay is slept outside the lock so a
  * "wedged" call does not stop other threads. idx < 0: not a device call. */
 static nvmlReturn_t enter(int fn, int idx, int needs_init) {
@@ -1546,33 +1600,57 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, n
     return leave(NVML_ERROR_NOT_SUPPORTED);
 }
 
-/* ---- health: ECC, retired pages, remapped rows ---- */
+/* ---- health: ECC, retired pages, remapped rows ----
+ * The state behind each call is read through one helper that its field ids (field_model) use
+ * too, so a field and its direct call cannot disagree. */
+
+static nvmlReturn_t ecc_mode(const fake_gpu_t *gp, unsigned int *current, unsigned int *pending) {
+    if (gp->ecc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *current = (unsigned int)gp->ecc;
+    *pending = (unsigned int)(gp->ecc_pending == UNSET ? gp->ecc : gp->ecc_pending);
+    return NVML_SUCCESS;
+}
 
 EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, nvmlEnableState_t *current, nvmlEnableState_t *pending) {
     DEV_ENTER(nvmlDeviceGetEccMode);
     if (!current || !pending) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (gp->ecc < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
-    *current = (nvmlEnableState_t)gp->ecc;
-    *pending = (nvmlEnableState_t)(gp->ecc_pending == UNSET ? gp->ecc : gp->ecc_pending);
-    return leave(NVML_SUCCESS);
+    unsigned int cur, pend;
+    nvmlReturn_t rc = ecc_mode(gp, &cur, &pend);
+    if (rc == NVML_SUCCESS) {
+        *current = (nvmlEnableState_t)cur;
+        *pending = (nvmlEnableState_t)pend;
+    }
+    return leave(rc);
 }
 
-/* Counters answer only while ECC is on (a board without ECC, or with it off: NOT_SUPPORTED). */
+/* Counters answer only while ECC is on (a board without ECC, or with it off: NOT_SUPPORTED).
+ * errorType and counterType are 0 or 1 here. */
+static nvmlReturn_t ecc_total(const fake_gpu_t *gp, unsigned int errorType, unsigned int counterType,
+                              unsigned long long *out) {
+    if (gp->ecc != 1) return NVML_ERROR_NOT_SUPPORTED;
+    *out = gp->ecc_count[errorType][counterType];
+    return NVML_SUCCESS;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, nvmlMemoryErrorType_t errorType,
                                                 nvmlEccCounterType_t counterType, unsigned long long *eccCounts) {
     DEV_ENTER(nvmlDeviceGetTotalEccErrors);
     if (!eccCounts || (unsigned int)errorType > 1 || (unsigned int)counterType > 1)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (gp->ecc != 1) return leave(NVML_ERROR_NOT_SUPPORTED);
-    *eccCounts = gp->ecc_count[errorType][counterType];
-    return leave(NVML_SUCCESS);
+    return leave(ecc_total(gp, (unsigned int)errorType, (unsigned int)counterType, eccCounts));
+}
+
+/* Retired pages and their pending status: NOT_SUPPORTED without page_retirement. */
+static nvmlReturn_t retirement_check(const fake_gpu_t *gp) {
+    return gp->page_retirement ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
 }
 
 /* Page j retired for cause c: address ((c + 1) << 36) | (j << 12), timestamp 1700000000 + j. */
 static nvmlReturn_t retired_pages(const fake_gpu_t *gp, nvmlPageRetirementCause_t cause, unsigned int *pageCount,
                                   unsigned long long *addresses, unsigned long long *timestamps, int v2) {
     if (!pageCount || (unsigned int)cause > 1) return NVML_ERROR_INVALID_ARGUMENT;
-    if (!gp->page_retirement) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = retirement_check(gp);
+    if (rc != NVML_SUCCESS) return rc;
     unsigned int n = gp->retired[cause];
     if (*pageCount == 0 && !addresses) { /* the size query */
         *pageCount = n;
@@ -1607,21 +1685,34 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, nvmlPageRe
 EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, nvmlEnableState_t *isPending) {
     DEV_ENTER(nvmlDeviceGetRetiredPagesPendingStatus);
     if (!isPending) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!gp->page_retirement) return leave(NVML_ERROR_NOT_SUPPORTED);
-    *isPending = (nvmlEnableState_t)gp->retired_pending;
-    return leave(NVML_SUCCESS);
+    nvmlReturn_t rc = retirement_check(gp);
+    if (rc == NVML_SUCCESS) *isPending = (nvmlEnableState_t)gp->retired_pending;
+    return leave(rc);
+}
+
+/* rows[4]: correctable, uncorrectable, pending, failure (the call's outputs in order) */
+static nvmlReturn_t remapped_rows(const fake_gpu_t *gp, unsigned int rows[4]) {
+    if (!gp->row_remapping) return NVML_ERROR_NOT_SUPPORTED;
+    rows[0] = gp->remap_corr;
+    rows[1] = gp->remap_unc;
+    rows[2] = gp->remap_pending;
+    rows[3] = gp->remap_failed;
+    return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows, unsigned int *uncRows,
                                               unsigned int *isPending, unsigned int *failureOccurred) {
     DEV_ENTER(nvmlDeviceGetRemappedRows);
     if (!corrRows || !uncRows || !isPending || !failureOccurred) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!gp->row_remapping) return leave(NVML_ERROR_NOT_SUPPORTED);
-    *corrRows = gp->remap_corr;
-    *uncRows = gp->remap_unc;
-    *isPending = gp->remap_pending;
-    *failureOccurred = gp->remap_failed;
-    return leave(NVML_SUCCESS);
+    unsigned int rows[4];
+    nvmlReturn_t rc = remapped_rows(gp, rows);
+    if (rc == NVML_SUCCESS) {
+        *corrRows = rows[0];
+        *uncRows = rows[1];
+        *isPending = rows[2];
+        *failureOccurred = rows[3];
+    }
+    return leave(rc);
 }
 
 /* ---- health: NVLink, PCIe link ---- */
@@ -1632,32 +1723,49 @@ static nvmlReturn_t nvlink_check(const fake_gpu_t *gp, unsigned int link) {
     return link >= (unsigned int)gp->nvlinks ? NVML_ERROR_INVALID_ARGUMENT : NVML_SUCCESS;
 }
 
+static nvmlReturn_t nvlink_state(const fake_gpu_t *gp, unsigned int link, unsigned int *active) {
+    nvmlReturn_t rc = nvlink_check(gp, link);
+    if (rc == NVML_SUCCESS) *active = (unsigned int)gp->nvlink[link].active;
+    return rc;
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, nvmlEnableState_t *isActive) {
     DEV_ENTER(nvmlDeviceGetNvLinkState);
     if (!isActive) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    nvmlReturn_t rc = nvlink_check(gp, link);
-    if (rc == NVML_SUCCESS) *isActive = (nvmlEnableState_t)gp->nvlink[link].active;
+    unsigned int active;
+    nvmlReturn_t rc = nvlink_state(gp, link, &active);
+    if (rc == NVML_SUCCESS) *isActive = (nvmlEnableState_t)active;
     return leave(rc);
+}
+
+/* counter: nvmlNvLinkErrorCounter_t (0 replay, 1 recovery, 2 crc_flit, 3 crc_data, 4 ecc_data) */
+static nvmlReturn_t nvlink_error(const fake_gpu_t *gp, unsigned int link, unsigned int counter,
+                                 unsigned long long *out) {
+    nvmlReturn_t rc = nvlink_check(gp, link);
+    if (rc == NVML_SUCCESS && counter >= FAKE_NVLINK_COUNTERS) rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) *out = gp->nvlink[link].errors[counter];
+    return rc;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
                                                     nvmlNvLinkErrorCounter_t counter, unsigned long long *counterValue) {
     DEV_ENTER(nvmlDeviceGetNvLinkErrorCounter);
     if (!counterValue) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    nvmlReturn_t rc = nvlink_check(gp, link);
-    if (rc == NVML_SUCCESS && (unsigned int)counter >= FAKE_NVLINK_COUNTERS) rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS) *counterValue = gp->nvlink[link].errors[counter];
-    return leave(rc);
+    return leave(nvlink_error(gp, link, (unsigned int)counter, counterValue));
 }
 
 /* Each PCIe key unset: that call NOT_SUPPORTED. */
+static nvmlReturn_t opt_uint(long long value, unsigned int *out) {
+    if (value == UNSET) return NVML_ERROR_NOT_SUPPORTED;
+    *out = (unsigned int)value;
+    return NVML_SUCCESS;
+}
+
 #define OPT_UINT_GETTER(fn, field)                                                  \
     EXPORT nvmlReturn_t fn(nvmlDevice_t device, unsigned int *out) {                \
         DEV_ENTER(fn);                                                              \
         if (!out) return leave(NVML_ERROR_INVALID_ARGUMENT);                        \
-        if (gp->field == UNSET) return leave(NVML_ERROR_NOT_SUPPORTED);             \
-        *out = (unsigned int)gp->field;                                             \
-        return leave(NVML_SUCCESS);                                                 \
+        return leave(opt_uint(gp->field, out));                                     \
     }
 
 OPT_UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, pcie_gen)
@@ -1669,10 +1777,17 @@ OPT_UINT_GETTER(nvmlDeviceGetPcieReplayCounter, pcie_replays)
 
 /* ---- health: field values, violation time ---- */
 
-/* The id's natural type: how an integer field.<id> is stored and labelled. */
+/* The id's natural type: how an integer field.<id> (or the modeled value) is stored and labelled. */
 static int field_natural_type(unsigned int id) {
-    return id == 82 || id == FIELD_NVLINK_LINK_COUNT || id == 230 ? NVML_VALUE_TYPE_UNSIGNED_INT
-                                                                   : NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    switch (id) {
+    case FIELD_ECC_CURRENT: case FIELD_ECC_PENDING: case FIELD_RETIRED_PENDING: case 82:
+    case FIELD_NVLINK_LINK_COUNT: case FIELD_PCIE_REPLAY_COUNTER: case FIELD_REMAPPED_COR: case 143: case 144:
+    case FIELD_REMAPPED_FAILURE: case FIELD_NVLINK_GET_STATE: case FIELD_POWER_AVERAGE: case FIELD_POWER_INSTANT:
+    case FIELD_POWER_CURRENT_LIMIT: case 230:
+        return NVML_VALUE_TYPE_UNSIGNED_INT;
+    default:
+        return NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+    }
 }
 
 static const fake_field_t *field_find(const fake_gpu_t *gp, unsigned int id, int any_scope, unsigned int scope) {
@@ -1699,6 +1814,97 @@ static nvmlReturn_t nvlink_throughput(const fake_gpu_t *gp, unsigned int id, uns
     return NVML_SUCCESS;
 }
 
+/* The legacy per-link NVLink counters (scopeId ignored): the first id of links 0-5 and of
+ * links 6-11, and the nvmlNvLinkErrorCounter_t they read. */
+static const struct {
+    unsigned int low, high, counter;
+} nvlink_legacy_fields[] = {
+    {32, 96, 2},  /* CRC_FLIT */
+    {39, 102, 3}, /* CRC_DATA */
+    {46, 108, 0}, /* REPLAY */
+    {53, 114, 1}, /* RECOVERY */
+};
+
+/* 1 when id is a legacy per-link counter: its link and counter */
+static int nvlink_legacy_field(unsigned int id, unsigned int *link, unsigned int *counter) {
+    for (size_t i = 0; i < sizeof nvlink_legacy_fields / sizeof nvlink_legacy_fields[0]; i++) {
+        unsigned int low = nvlink_legacy_fields[i].low, high = nvlink_legacy_fields[i].high;
+        if (id >= low && id < low + 6) *link = id - low;
+        else if (id >= high && id < high + 6) *link = 6 + id - high;
+        else continue;
+        *counter = nvlink_legacy_fields[i].counter;
+        return 1;
+    }
+    return 0;
+}
+
+/* An id served from the state of its direct call: 1 with the entry's return in *rc and, on
+ * SUCCESS, the value in *u; 0 for an id not modeled here. The call's rc.<symbol> overrides
+ * decide first, as its DEV_ENTER would; its delay does not apply (the field call has its own).
+ * None of these calls refuses in MIG mode (mig_refuses), so neither does its field. */
+static int field_model(const fake_gpu_t *gp, unsigned int id, unsigned int scope, nvmlReturn_t *rc,
+                       unsigned long long *u) {
+    unsigned int v[4], link, counter;
+    int fn;
+    *rc = NVML_SUCCESS;
+    switch (id) {
+    case FIELD_ECC_CURRENT:
+    case FIELD_ECC_PENDING:
+        fn = FN_nvmlDeviceGetEccMode;
+        if ((*rc = ecc_mode(gp, &v[0], &v[1])) == NVML_SUCCESS) *u = v[id - FIELD_ECC_CURRENT];
+        break;
+    case FIELD_ECC_SBE_VOL_TOTAL: case 4: case 5: case FIELD_ECC_DBE_AGG_TOTAL:
+        /* 3 SBE volatile, 4 DBE volatile, 5 SBE aggregate, 6 DBE aggregate */
+        fn = FN_nvmlDeviceGetTotalEccErrors;
+        *rc = ecc_total(gp, (id - FIELD_ECC_SBE_VOL_TOTAL) % 2, (id - FIELD_ECC_SBE_VOL_TOTAL) / 2, u);
+        break;
+    case FIELD_RETIRED_SBE:
+    case FIELD_RETIRED_DBE:
+        fn = FN_nvmlDeviceGetRetiredPages; /* the number of pages its size query gives */
+        if ((*rc = retirement_check(gp)) == NVML_SUCCESS) *u = gp->retired[id - FIELD_RETIRED_SBE];
+        break;
+    case FIELD_RETIRED_PENDING:
+        fn = FN_nvmlDeviceGetRetiredPagesPendingStatus;
+        if ((*rc = retirement_check(gp)) == NVML_SUCCESS) *u = (unsigned long long)gp->retired_pending;
+        break;
+    case FIELD_REMAPPED_COR: case 143: case 144: case FIELD_REMAPPED_FAILURE:
+        fn = FN_nvmlDeviceGetRemappedRows;
+        if ((*rc = remapped_rows(gp, v)) == NVML_SUCCESS) *u = v[id - FIELD_REMAPPED_COR];
+        break;
+    case FIELD_NVLINK_GET_STATE:
+        fn = FN_nvmlDeviceGetNvLinkState;
+        if ((*rc = nvlink_state(gp, scope, &v[0])) == NVML_SUCCESS) *u = v[0];
+        break;
+    case FIELD_NVLINK_DL_REPLAY: case 162: case FIELD_NVLINK_DL_CRC:
+        fn = FN_nvmlDeviceGetNvLinkErrorCounter; /* counters 0 replay, 1 recovery, 2 crc_flit */
+        *rc = nvlink_error(gp, scope, id - FIELD_NVLINK_DL_REPLAY, u);
+        break;
+    case FIELD_TOTAL_ENERGY:
+        fn = FN_nvmlDeviceGetTotalEnergyConsumption;
+        *u = gp->energy_mj;
+        break;
+    case FIELD_POWER_AVERAGE:
+    case FIELD_POWER_INSTANT:
+    case FIELD_POWER_CURRENT_LIMIT:
+        if (scope != 0) return 0; /* scopeId 0 is the GPU; module / memory power are not modeled */
+        fn = id == FIELD_POWER_CURRENT_LIMIT ? FN_nvmlDeviceGetEnforcedPowerLimit : FN_nvmlDeviceGetPowerUsage;
+        *u = id == FIELD_POWER_CURRENT_LIMIT ? gp->power_limit_mw : gp->power_mw;
+        break;
+    case FIELD_PCIE_REPLAY_COUNTER:
+        fn = FN_nvmlDeviceGetPcieReplayCounter;
+        if ((*rc = opt_uint(gp->pcie_replays, &v[0])) == NVML_SUCCESS) *u = v[0];
+        break;
+    default:
+        if (!nvlink_legacy_field(id, &link, &counter)) return 0;
+        fn = FN_nvmlDeviceGetNvLinkErrorCounter;
+        *rc = nvlink_error(gp, link, counter, u);
+        break;
+    }
+    nvmlReturn_t over = symbol_rc(gp, fn);
+    if (over != NVML_SUCCESS) *rc = over;
+    return 1;
+}
+
 /* Fill one entry: the scoped key wins over the plain one, attribute by attribute. */
 static void field_fill(const fake_gpu_t *gp, nvmlFieldValue_t *e, long long now_us) {
     const fake_field_t *sc = field_find(gp, e->fieldId, 0, e->scopeId), *pl = field_find(gp, e->fieldId, 1, 0);
@@ -1719,6 +1925,8 @@ static void field_fill(const fake_gpu_t *gp, nvmlFieldValue_t *e, long long now_
         d = val->d;
     } else if (val) {
         u = val->u;
+    } else if (field_model(gp, e->fieldId, e->scopeId, &entry_rc, &u)) {
+        /* the direct call's answer (field_model) */
     } else if (e->fieldId == FIELD_NVLINK_LINK_COUNT) {
         u = (unsigned long long)gp->nvlinks;
     } else if (e->fieldId >= FIELD_NVLINK_DATA_TX && e->fieldId <= FIELD_NVLINK_RAW_RX) {

@@ -40,11 +40,13 @@ from ...samples import (
 from ..base import GpuOptions
 from . import errors as nvml_errors
 from . import fields as nvml_fields
+from . import sized
 from .busy import BusyIntegrator, SampleStamps
 from .errors import BackendDown, DeviceDown, Fallback as _Fallback, Missing, Undecodable
 from .gpm import GpmReader
-from .health import HealthReader
-from .mig import MigReader
+from .health import SLOW_RECHECK, HealthReader
+from .mig import MigLayout, MigReader
+from .slow import Cadence, SlowPart
 from .workers import DeviceWorker, HandleCache, Starts, device_limit
 from .xid import XidWatcher
 
@@ -56,6 +58,11 @@ _GPU_FIELDS: tuple[nvml_fields.Request, ...] = (
     *((fid, 0) for _, fid, _ in nvml_fields.CLOCK_EVENT_FIELDS),
     (nvml_fields.PCIE_COUNT_TX_BYTES, 0),
     (nvml_fields.PCIE_COUNT_RX_BYTES, 0),
+    (nvml_fields.POWER_AVERAGE, 0),
+    (nvml_fields.POWER_INSTANT, 0),
+    (nvml_fields.POWER_CURRENT_LIMIT, 0),
+    (nvml_fields.TOTAL_ENERGY, 0),
+    (nvml_fields.PCIE_REPLAY_COUNTER, 0),
 )
 _XID_STOP_TIMEOUT = 1.5  # seconds; the watcher's wait is at most 0.5 s
 _CLOCK_IDS = {
@@ -85,6 +92,8 @@ class _DeviceRead:
     watch: tuple[str, Any] | None  # (uuid, handle) to watch for XIDs
     seconds: dict[str, float]  # time spent in each collector part on this worker
     failed: frozenset[str]  # the collector parts whose queries failed on this GPU
+    slow: SlowPart | None = None  # the slow part read in this job (None: served from before)
+    reread: bool = False  # something of the slow part stopped answering: read it next refresh
 
 
 def _optional(name: str) -> Callable[..., Any] | None:
@@ -131,6 +140,15 @@ def _pair(label: str, value: int | None) -> tuple[str, int] | None:
     return None if value is None else (label, int(value))
 
 
+def _first(fields: Any, *ids: int) -> Any:
+    """The first of these fields (scope 0) whose entry answered, else None."""
+    for fid in ids:
+        value = fields.get((fid, 0))
+        if value is not None:
+            return value
+    return None
+
+
 def _mhz_to_hertz(value: int | None) -> float | None:
     value = _u32(value)
     return None if value is None else value * 1e6
@@ -151,6 +169,12 @@ class NvmlBackend:
         forget_after: float = DEPARTED_SECONDS,
     ) -> None:
         self._log = log
+        options = options or GpuOptions()
+        # the slow cadence (slow.py): which GPUs read their slow part in a refresh, and the
+        # parts as last read (both the reader's; workers only read _slow_parts)
+        self._cadence = Cadence(options.slow_interval)
+        self._slow_parts: dict[str, SlowPart] = {}
+        self._hints = sized.Hints()  # buffer sizes of the sample and process-list reads
         self._forget_after = forget_after
         # each GPU is read on its own worker; a refresh waits this long for one GPU, after
         # which that GPU alone is down until its read returns (--collect.timeout, a little less)
@@ -209,14 +233,8 @@ class NvmlBackend:
             _optional("nvmlDeviceGetCurrentClocksEventReasons"),
             _optional("nvmlDeviceGetCurrentClocksThrottleReasons"),
         )
-        self._compute_procs = _Fallback(
-            pynvml.nvmlDeviceGetComputeRunningProcesses,
-            _optional("nvmlDeviceGetComputeRunningProcesses_v2"),
-        )
-        self._graphics_procs = _Fallback(
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-            _optional("nvmlDeviceGetGraphicsRunningProcesses_v2"),
-        )
+        self._compute_procs = _Fallback(*self._process_lists("Compute"))
+        self._graphics_procs = _Fallback(*self._process_lists("Graphics"))
         self._utilization = _Fallback(pynvml.nvmlDeviceGetUtilizationRates)
         self._power = _Fallback(pynvml.nvmlDeviceGetPowerUsage)
         self._power_limit = _Fallback(pynvml.nvmlDeviceGetEnforcedPowerLimit)
@@ -227,7 +245,7 @@ class NvmlBackend:
         self._pstate = _Fallback(pynvml.nvmlDeviceGetPerformanceState)
         # v2: gpu additions, health, nvlink, xid; called through HealthReader.ask: a failure
         # other than a lost GPU leaves the value out instead of taking the device down
-        self._fields = _Fallback(_optional("nvmlDeviceGetFieldValues"))
+        self._fields = _Fallback(nvml_fields.get_field_values if _optional("nvmlDeviceGetFieldValues") else None)
         self._violation = _Fallback(_optional("nvmlDeviceGetViolationStatus"))
         self._encoder = _Fallback(pynvml.nvmlDeviceGetEncoderUtilization)
         self._decoder = _Fallback(pynvml.nvmlDeviceGetDecoderUtilization)
@@ -245,7 +263,6 @@ class NvmlBackend:
         self._mig_on = False  # a GPU in this read answers its MIG mode (on or off): the mig collector is active
         self._busy = BusyIntegrator()
         self._health = HealthReader(log)  # also the "not supported on this board" memo
-        self._pcie_max: dict[str, tuple[tuple[str, int] | None, tuple[str, int] | None]] = {}
         # counters never decrease (exporter/counters.py): PCIe bytes unwrapped by their width,
         # then every counter family restarted lower kept monotonic, once per read
         self._pcie_unwrap = Unwrap()
@@ -253,6 +270,7 @@ class NvmlBackend:
         # (key, reason) -> (driver version, "field" | "violation"): one clock-event source each
         self._clock_event_source: dict[tuple[str, str], tuple[str, str]] = {}
         self._xid = XidWatcher(log) if self._options.xid else None
+        self._xid_seen: dict[tuple[str, int], int] = {}  # (uuid, code) -> events seen by the last read
         self._watched: dict[str, Any] = {}  # uuid -> handle of the devices enumerated in this read
         # index -> (uuid, handle) of its last read that got that far: a GPU whose read is
         # stuck stays watched for XIDs (a hung GPU is when they come)
@@ -301,7 +319,8 @@ class NvmlBackend:
         self._busy.reset()  # the driver's sample clock may have restarted
         self._process_seen.clear()
         self._health.forget()
-        self._pcie_max.clear()
+        self._hints.forget()
+        self._cadence.force_all()  # a new init (a driver reload, a reset GPU): every slow part again
         try:
             self._driver_version = _text(nvml_errors.field(pynvml.nvmlSystemGetDriverVersion))
         except BackendDown:
@@ -473,6 +492,10 @@ class NvmlBackend:
             if key not in by_key or sample.up:
                 by_key[key] = sample
         self._key_at = {sample.identity.index: key for key, sample in by_key.items()}
+        for key, sample in by_key.items():
+            if not sample.up:  # when it answers again, its slow part is read with it, and
+                self._cadence.force(key)  # what it did not support is asked again (a reset, MIG)
+                self._health.forget_unsupported(key)
         # a GPU in this read answered its MIG mode (on or off): the mig collector is active
         self._mig_on = any(sample.mig is not None for sample in by_key.values())
         seen = set(by_key)
@@ -511,6 +534,7 @@ class NvmlBackend:
                 self._xid.watch(dict(self._watched))
             xid = self._xid.state()
             self._xid_ever_watched = self._xid_ever_watched or bool(xid.watched)
+            self._reread_after_xid(xid)
         return GpuReading(
             backend="nvml",
             # a GPU not read this time, or one we may not open: the collector did not succeed
@@ -520,9 +544,18 @@ class NvmlBackend:
             driver_version=self._driver_version,
             devices=in_order(samples),
             memory_api=self.memory_api,
-            parts=self._parts(not self._any_stuck),  # a stuck GPU's health is missing too
+            parts=self._parts(not self._any_stuck, samples),  # a stuck GPU's health is missing too
             xid=xid,
         )
+
+    def _reread_after_xid(self, xid: XidState) -> None:
+        """A GPU with a new XID event reads its slow part on the next refresh: ECC, remapping
+        and NVLink errors are what XIDs 48, 63, 64, 74, 92, 94, 95, 119, 120 ... announce."""
+        counts = {(c.uuid, c.xid): c.count for c in xid.counts}
+        for (uuid, code), count in counts.items():
+            if count > self._xid_seen.get((uuid, code), 0):
+                self._cadence.force(uuid)
+        self._xid_seen = counts
 
     def _departures(self, seen: set[str]) -> list[str]:
         """The departed devices to forget now: gone longer than forget_after, and beyond the
@@ -548,7 +581,9 @@ class NvmlBackend:
             self._complete.discard(key)
         self._busy.forget(key)
         self._process_seen.forget(key)
-        self._pcie_max.pop(key, None)
+        self._hints.forget(key)
+        self._cadence.forget(key)
+        self._slow_parts.pop(key, None)
         self._pcie_unwrap.forget(key)
         for source in [s for s in list(self._clock_event_source) if s[0] == key]:
             self._clock_event_source.pop(source, None)
@@ -560,21 +595,23 @@ class NvmlBackend:
             self._log.info("GPU no longer enumerated for long; its series are dropped",
                            extra=fields(gpu=identity.index, uuid=identity.uuid))
 
-    def _parts(self, success: bool) -> tuple[PartStatus, ...]:
+    def _parts(self, success: bool, samples: list[GpuSample] | tuple[GpuSample, ...] = ()) -> tuple[PartStatus, ...]:
         """health and nvlink fail with the read, and when one of their queries failed on an
-        answering GPU in it (the values are then missing, and their alerts blind)."""
+        answering GPU in it (the values are then missing, and their alerts blind). Those
+        served from slow reads (health, nvlink, mig) carry the oldest slow read's time."""
         failed = self._health.take_failures()
+        slow_at = min((s.slow_read_at for s in samples if s.up and s.slow_read_at is not None), default=None)
         parts = []
         if self._options.health:
             ok = success and not failed & {"health", "fields"}
-            parts.append(PartStatus("health", ok, self._part_seconds["health"]))
+            parts.append(PartStatus("health", ok, self._part_seconds["health"], slow_at))
         if self._options.nvlink and self._has_links:
             ok = success and not failed & {"nvlink", "fields"}
-            parts.append(PartStatus("nvlink", ok, self._part_seconds["nvlink"]))
+            parts.append(PartStatus("nvlink", ok, self._part_seconds["nvlink"], slow_at))
         if self._gpm is not None and self._gpm.active:
             parts.append(PartStatus("profiling", success and "profiling" not in failed, self._part_seconds["profiling"]))
         if self._options.mig and self._mig_on:
-            parts.append(PartStatus("mig", success and "mig" not in failed, self._part_seconds["mig"]))
+            parts.append(PartStatus("mig", success and "mig" not in failed, self._part_seconds["mig"], slow_at))
         if self._options.processes:
             parts.append(PartStatus("processes", success and "processes" not in failed, self._part_seconds["processes"]))
         return tuple(parts)
@@ -596,6 +633,17 @@ class NvmlBackend:
             xid=self._xid_while_away() if failing else None,
         )
 
+    def _process_lists(self, kind: str) -> tuple[Callable[[str, Any], Any], ...]:
+        """The _v3 and _v2 process-list queries of kind (Compute, Graphics), newest first,
+        each reading into a buffer of the size it last needed (sized.py)."""
+        out = []
+        for suffix in ("_v3", "_v2"):
+            symbol = f"nvmlDevice Get{kind}RunningProcesses{suffix}".replace(" ", "")
+            wrapper = _optional(symbol)
+            if wrapper is not None:
+                out.append(lambda key, handle, s=symbol, w=wrapper: sized.process_list(self._hints, s, w, key, handle))
+        return tuple(out)
+
     def _known(self) -> list[GpuIdentity]:
         with self._ident_lock:
             return list(self._identities.values())
@@ -606,13 +654,15 @@ class NvmlBackend:
         does not return within the limit (or is still running from an earlier refresh) is down
         alone, watched by its last handle; the first error of any device is raised once all
         have answered (a defect before a library-level error)."""
-        until = time.monotonic() + self._device_limit
+        now = time.monotonic()
+        until = now + self._device_limit
         jobs = []
         for i in range(count):
             worker = self._workers.get(i)
             if worker is None:
                 worker = self._workers[i] = DeviceWorker(i)
-            jobs.append((worker, lambda i=i: self._read_device(i)))
+            slow = self._cadence.due(self._key_at.get(i), now)
+            jobs.append((worker, lambda i=i, slow=slow: self._read_device(i, slow)))
         relay = self._starts.relay(jobs)
         # busy now: a read still in flight from an earlier refresh, which the relay passes over
         in_flight = [worker.busy for worker, _ in jobs]
@@ -653,6 +703,11 @@ class NvmlBackend:
                 seconds[part] += spent
             for part in result.failed:
                 self._health.fail(part)  # on this thread: the read's own failures
+            if result.slow is not None:
+                self._slow_parts[result.key] = result.slow
+                self._cadence.read(result.key, i, count, now)
+            if result.reread:
+                self._cadence.force(result.key)
         self._starts.learn(relay)
         if defect is not None:
             if error is not None:  # the library went too: re-initialise as read() would, then report the defect
@@ -712,16 +767,16 @@ class NvmlBackend:
             self._gpm.drop(key)  # it may be reset before it answers again: no GPM window across the gap
         return GpuSample(identity, up=False)
 
-    def _read_device(self, index: int) -> _DeviceRead:
-        """One GPU's job on its worker."""
+    def _read_device(self, index: int, slow: bool = True) -> _DeviceRead:
+        """One GPU's job on its worker; slow: read its slow part too (slow.py)."""
         job = self._job
-        job.watch, job.seconds = None, dict.fromkeys(_PARTS, 0.0)
+        job.watch, job.seconds, job.slow, job.reread = None, dict.fromkeys(_PARTS, 0.0), None, False
         self._health.begin_job()
         try:
-            key, sample = self._read_one(index)
+            key, sample = self._read_one(index, slow)
         finally:
             failed = self._health.end_job()
-        return _DeviceRead(key, sample, job.watch, job.seconds, failed)
+        return _DeviceRead(key, sample, job.watch, job.seconds, failed, job.slow, job.reread)
 
     def _spent(self, part: str, seconds: float) -> None:
         """Time of one collector part, on this worker's job (none outside a job)."""
@@ -729,8 +784,9 @@ class NvmlBackend:
         if spent is not None:
             spent[part] += seconds
 
-    def _read_one(self, index: int) -> tuple[str, GpuSample]:
+    def _read_one(self, index: int, slow: bool = True) -> tuple[str, GpuSample]:
         handle = self._handles.get(index)
+        cached = handle is not None
         if handle is None:
             generation = self._handles.generation  # before the lookup: a count change meanwhile wins
             refused = ""
@@ -752,12 +808,18 @@ class NvmlBackend:
             with self._ident_lock:
                 self._denied_at.pop(index, None)
             self._handles.put(index, handle, generation)
-        key = self._identify(index, handle)
+        key = self._known_key(index) if cached and not slow else None
+        if key is None:
+            key = self._identify(index, handle)
         uuid = self._identities[key].uuid
         if uuid:  # watched for XIDs even while its values fail: that is when XIDs come
             self._job.watch = (uuid, handle)
         try:
-            sample = self._read_values(key, self._identities[key], handle)
+            sample, self._job.slow = self._read_values(key, self._identities[key], handle, slow)
+            if self._job.slow is None:
+                cached_part = self._slow_parts.get(key)
+                for part in cached_part.failed if cached_part else ():
+                    self._health.fail(part)  # a slow query that failed stays failed until read again
         except DeviceDown as err:
             self._handles.drop(index, handle)
             return key, self._down(key, err)
@@ -765,6 +827,19 @@ class NvmlBackend:
             self._log.info("GPU answering again", extra=fields(gpu=index, uuid=sample.identity.uuid))
         self._up[key] = True
         return key, sample
+
+    def _known_key(self, index: int) -> str | None:
+        """The key of the device at index without asking its UUID: its handle is still the
+        cached one of this enumeration, and its identity is complete (the UUID is a slow
+        value, read again on the GPU's slow reads, which catch a re-enumeration)."""
+        key = self._key_at.get(index)
+        with self._ident_lock:
+            if key is None or key not in self._complete or key not in self._identities:
+                return None
+            if self._identities[key].index != index:
+                return None
+            self._identified_at[index] = key
+        return key
 
     def _identify(self, index: int, handle: Any) -> str:
         """The key of the device at index now (its UUID is read on every refresh: one cheap
@@ -858,20 +933,19 @@ class NvmlBackend:
             self.memory_api = "v1"  # this driver has no v2: used then includes reserved memory
         return self._memory_v1(handle)
 
-    def _read_values(self, key: str, identity: GpuIdentity, handle: Any) -> GpuSample:
+    def _read_values(self, key: str, identity: GpuIdentity, handle: Any, slow: bool) -> tuple[GpuSample, SlowPart | None]:
+        """One GPU's values: the fast ones, and the slow ones when slow (else the last slow
+        read's). Returns the sample and the slow part read now (None: served from before)."""
+        cached = self._slow_parts.get(key)
+        slow = slow or cached is None
         total = used = free = reserved = None
         memory = self._memory(handle)
         if memory is not None and memory.total:  # total 0: unified-memory part, no VRAM figures
             total, used, free = memory.total, memory.used, memory.free
             reserved = getattr(memory, "reserved", None)  # v2 only
-        util = self._utilization(handle)
         temperature = self._temperature(handle)
         if temperature is not None and (temperature == -1 or not -40 <= temperature <= 200):
             temperature = None
-        power = _u32(self._power(handle))
-        limit = _u32(self._power_limit(handle))
-        energy = self._energy(handle)
-        fan = _u32(self._fan(handle))
         clocks = []
         for clock in CLOCK_TYPES:
             hertz = _mhz_to_hertz(self._clock(handle, _CLOCK_IDS[clock]))
@@ -879,79 +953,131 @@ class NvmlBackend:
                 clocks.append((clock, hertz))
         pstate = self._pstate(handle)
         reasons = self._throttle(handle)
-        return GpuSample(
+        links = self._link_count(key, handle)
+        fields = self._batch(key, handle, links, slow)
+        power = _u32(_first(fields, nvml_fields.POWER_AVERAGE, nvml_fields.POWER_INSTANT))
+        if power is None:
+            power = _u32(self._power(handle))
+        limit = _u32(_first(fields, nvml_fields.POWER_CURRENT_LIMIT))
+        if limit is None:
+            limit = _u32(self._power_limit(handle))
+        energy = _first(fields, nvml_fields.TOTAL_ENERGY)
+        if energy is None:
+            energy = self._energy(handle)
+        busy, newest = self._busy_seconds(key, handle)
+        gpu_util, memory_util = newest.get("gpu"), newest.get("memory")
+        if gpu_util is None or memory_util is None:  # no new samples this time: the driver's current rates
+            util = self._utilization(handle)
+            gpu_util, memory_util = (util.gpu, util.memory) if util is not None else (None, None)
+        ask = self._health.ask
+        encoder, decoder = newest.get("encoder"), newest.get("decoder")
+        if encoder is None:
+            encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
+        if decoder is None:
+            decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
+        part = self._read_slow(key, handle, links, fields) if slow else cached
+        assert part is not None
+        replays = _first(fields, nvml_fields.PCIE_REPLAY_COUNTER)
+        if replays is None:
+            replays = ask(key, "pcie_replays", self._pcie_replays, handle)
+        memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
+        out: dict[str, Any] = {}
+        if self._options.health and part.health is not None:
+            out["health"] = dataclasses.replace(part.health, recovery_action=self._health.recovery_action(fields))
+        if links:
+            out["nvlinks"] = self._health.link_traffic(part.links, links, fields)
+        if self._gpm is not None:
+            clock = time.perf_counter()
+            if self._gpm.supported(key, handle, ask):
+                out["profiling"] = self._gpm.read(key, handle, ask)
+            self._spent("profiling", time.perf_counter() - clock)
+        out.update(self._read_mig(key, handle, part))
+        sample = GpuSample(
             identity=identity,
             up=True,
             memory_total_bytes=total,
             memory_used_bytes=used,
             memory_free_bytes=free,
             memory_reserved_bytes=reserved,
-            utilization_ratio=_ratio_from_percent(util.gpu) if util is not None else None,
-            memory_utilization_ratio=_ratio_from_percent(util.memory) if util is not None else None,
+            utilization_ratio=_ratio_from_percent(gpu_util),
+            memory_utilization_ratio=_ratio_from_percent(memory_util),
             temperature_celsius=float(temperature) if temperature is not None else None,
             power_watts=power / 1000.0 if power is not None else None,
             power_limit_watts=limit / 1000.0 if limit is not None else None,
             energy_joules=energy / 1000.0 if energy is not None and energy != _U64_NA else None,
-            fan_speed_ratio=fan / 100.0 if fan is not None else None,  # may exceed 1 (NVML docs)
+            fan_speed_ratio=part.fan_speed_ratio,
             clock_hertz=tuple(clocks),
             performance_state=pstate if pstate is not None and 0 <= pstate <= 15 else None,
             throttle_reasons=reasons if reasons is not None and reasons != _U64_NA else None,
+            memory_temperature_celsius=float(memory_temperature) if memory_temperature is not None else None,
+            encoder_utilization_ratio=_ratio_from_percent(encoder),
+            decoder_utilization_ratio=_ratio_from_percent(decoder),
+            busy_seconds=busy,
+            clock_event_seconds=self._clock_events(key, handle, fields),
+            pcie_bytes=self._pcie_bytes(key, fields),
+            pcie_link_generation=part.pcie_link_generation,
+            pcie_link_width_lanes=part.pcie_link_width_lanes,
+            pcie_replays=_u32(replays),
+            slow_read_at=part.read_at,
             **self._processes(key, handle),
-            **self._read_v2(key, handle),
+            **out,
         )
+        return sample, part if slow else None
 
-    # -- v2: gpu additions, health, nvlink ----------------------------------------------
+    # -- the field batch, and the slow part ---------------------------------------------
 
-    def _read_v2(self, key: str, handle: Any) -> dict[str, Any]:
-        """The v2 values of one device, from one field-value batch plus the plain calls."""
+    def _link_count(self, key: str, handle: Any) -> int:
+        if not self._options.nvlink:
+            return 0
+        clock = time.perf_counter()
+        links = self._health.link_count(key, handle, lambda wanted: self._fields_of(key, handle, wanted))
+        self._spent("nvlink", time.perf_counter() - clock)
+        self._has_links = self._has_links or links > 0
+        return links
+
+    def _fields_of(self, key: str, handle: Any, wanted: list[nvml_fields.Request]) -> nvml_fields.Values | None:
         ask = self._health.ask
+        return nvml_fields.read(handle, wanted, lambda h, r: ask(key, "fields", self._fields, h, r, part="fields"))
+
+    def _batch(self, key: str, handle: Any, links: int, slow: bool) -> nvml_fields.Values | dict[nvml_fields.Request, float | int]:
+        """The one field-value call of this GPU and refresh: the fast fields, and the slow
+        ones when slow. An empty answer is kept: it still says which entries failed."""
         requests = list(_GPU_FIELDS)
         if self._options.health:
             requests.append((nvml_fields.GPU_RECOVERY_ACTION, 0))
+        requests += self._health.link_requests(links)
+        if slow:
+            if self._options.health:
+                requests += self._health.health_requests()
+            requests += self._health.link_slow_requests(links)
+        answer = self._fields_of(key, handle, requests)
+        return {} if answer is None else answer
 
-        def batch(wanted: list[nvml_fields.Request]) -> nvml_fields.Values | None:
-            return nvml_fields.read(handle, wanted, lambda h, r: ask(key, "fields", self._fields, h, r, part="fields"))
-
-        links = 0
-        if self._options.nvlink:
-            clock = time.perf_counter()
-            links = self._health.link_count(key, handle, batch)
-            self._spent("nvlink", time.perf_counter() - clock)
-            requests += self._health.link_requests(links)
-            self._has_links = self._has_links or links > 0
-        answer = batch(requests)  # an empty answer is kept: it still says which entries failed
-        fields: nvml_fields.Values | dict[nvml_fields.Request, float | int] = {} if answer is None else answer
-        memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
-        out: dict[str, Any] = {
-            "memory_temperature_celsius": float(memory_temperature) if memory_temperature is not None else None,
-            "encoder_utilization_ratio": self._engine_ratio(ask(key, "encoder", self._encoder, handle)),
-            "decoder_utilization_ratio": self._engine_ratio(ask(key, "decoder", self._decoder, handle)),
-            "busy_seconds": self._busy_seconds(key, handle),
-            "clock_event_seconds": self._clock_events(key, handle, fields),
-            "pcie_bytes": self._pcie_bytes(key, fields),
-            **self._pcie(key, handle),
-        }
-        if self._options.health:
-            clock = time.perf_counter()
-            out["health"] = self._health.health(key, handle, fields)
-            self._spent("health", time.perf_counter() - clock)
-        if self._gpm is not None:
-            clock = time.perf_counter()
-            if self._gpm.supported(key, handle, ask):
-                out["profiling"] = self._gpm.read(key, handle, ask)
-            self._spent("profiling", time.perf_counter() - clock)
-        out.update(self._read_mig(key, handle))
-        if links:
-            clock = time.perf_counter()
-            out["nvlinks"] = self._health.nvlinks(key, handle, links, fields)
-            self._spent("nvlink", time.perf_counter() - clock)
-        return out
+    def _read_slow(self, key: str, handle: Any, links: int, fields: Any) -> SlowPart:
+        """The slow values of one GPU (slow.py), read now."""
+        self._health.begin_slow()
+        clock = time.perf_counter()
+        health = self._health.health(key, handle, fields) if self._options.health else None
+        self._spent("health", time.perf_counter() - clock)
+        clock = time.perf_counter()
+        state = self._health.link_state(key, handle, links, fields) if links else ()
+        self._spent("nvlink", time.perf_counter() - clock)
+        pcie = self._pcie(key, handle)
+        layout = self._read_mig_layout(key, handle)
+        fan = _u32(self._fan(handle))
+        return SlowPart(
+            read_at=time.time(),
+            fan_speed_ratio=fan / 100.0 if fan is not None else None,  # may exceed 1 (NVML docs)
+            health=health,
+            links=state,
+            mig=layout,
+            failed=self._health.end_slow(),
+            **pcie,
+        )
 
     @staticmethod
-    def _engine_ratio(answer: Any) -> float | None:
-        if answer is None:
-            return None
-        return _ratio_from_percent(int(answer[0]))  # [percent, sampling period µs]
+    def _engine_percent(answer: Any) -> int | None:
+        return None if answer is None else int(answer[0])  # [percent, sampling period µs]
 
     def _clock_events(self, key: str, handle: Any, fields: Any) -> tuple[tuple[str, float], ...]:
         """Seconds per clock-event reason. A reason with an nvmlDeviceGetViolationStatus
@@ -996,31 +1122,31 @@ class NvmlBackend:
         return tuple(out)
 
     def _pcie(self, key: str, handle: Any) -> dict[str, Any]:
+        """The PCIe link now and at most (slow values)."""
         ask = self._health.ask
-        # the board's maxima do not change: kept once answered (a failed or unsupported
-        # answer is asked again, see HealthReader.ask)
-        gen_max, width_max = self._pcie_max.get(key, (None, None))
-        gen_max = gen_max or _pair("max", _u32(ask(key, "pcie_gen_max", self._pcie_gen_max, handle)))
-        width_max = width_max or _pair("max", _u32(ask(key, "pcie_width_max", self._pcie_width_max, handle)))
-        self._pcie_max[key] = (gen_max, width_max)
-        gen = _pair("current", _u32(ask(key, "pcie_gen", self._pcie_gen, handle)))
-        width = _pair("current", _u32(ask(key, "pcie_width", self._pcie_width, handle)))
+        slow = {"recheck": SLOW_RECHECK}
+        gen_max = _pair("max", _u32(ask(key, "pcie_gen_max", self._pcie_gen_max, handle, **slow)))
+        width_max = _pair("max", _u32(ask(key, "pcie_width_max", self._pcie_width_max, handle, **slow)))
+        gen = _pair("current", _u32(ask(key, "pcie_gen", self._pcie_gen, handle, **slow)))
+        width = _pair("current", _u32(ask(key, "pcie_width", self._pcie_width, handle, **slow)))
         return {
             "pcie_link_generation": tuple(p for p in (gen, gen_max) if p is not None),
             "pcie_link_width_lanes": tuple(p for p in (width, width_max) if p is not None),
-            "pcie_replays": _u32(ask(key, "pcie_replays", self._pcie_replays, handle)),
         }
 
-    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[str, float], ...]:
+    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[tuple[str, float], ...], dict[str, int]]:
+        """The busy counters, and each engine's current utilization (percent: its newest
+        sample, while no newer one is due), which the gauges take instead of a call of their own."""
         out = []
+        newest: dict[str, int] = {}
         for engine, sampling_type in _SAMPLE_TYPES.items():
             if self._samples_missing:
                 break
+            asked = self._busy.last_seen(key, engine)
             try:
                 answer = self._health.ask(
                     key, f"samples.{engine}", nvml_errors.newer,
-                    pynvml.nvmlDeviceGetSamples, handle, sampling_type, self._busy.last_seen(key, engine),
-                    part="gpu",
+                    sized.samples, self._hints, key, handle, sampling_type, asked, part="gpu",
                 )
             except Missing:
                 self._samples_missing = True
@@ -1037,14 +1163,17 @@ class NvmlBackend:
                     if value is not None:
                         samples.append((int(e.timeStamp), float(value)))
             out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
-        return tuple(out)
+            current = self._busy.current(key, engine)
+            if current is not None and asked:  # not after a whole-ring answer (first read, a recheck)
+                newest[engine] = int(current)
+        return tuple(out), newest
 
     def _processes(self, key: str, handle: Any) -> dict[str, Any]:
         """resmon_gpu_processes, and with the processes collector each process's memory and
         utilization. A process in both lists is one process (gpustat #84), its memory the
         larger of the two entries (the same allocation, reported twice)."""
-        compute = self._compute_procs(handle)
-        graphics = self._graphics_procs(handle)
+        compute = self._compute_procs(key, handle)
+        graphics = self._graphics_procs(key, handle)
         if compute is None and graphics is None:
             return {"processes": None}
         memory: dict[int, int | None] = {}
@@ -1102,27 +1231,41 @@ class NvmlBackend:
             )
         return out
 
-    def _read_mig(self, key: str, handle: Any) -> dict[str, Any]:
-        """MIG mode (one query per GPU and refresh for both users, NOT_SUPPORTED memoised)
-        and devices: the UUIDs while MIG is on (device plugins hand these to pods; the
-        kubernetes collector resolves them), and with the mig collector the mode of every
-        MIG-capable GPU and the instances. Their GPM reads count as profiling time."""
+    def _read_mig_layout(self, key: str, handle: Any) -> MigLayout | None:
+        """MIG mode and devices (a slow value: one mode query per GPU and slow read for both
+        users, NOT_SUPPORTED memoised); None on a GPU without MIG or with both users off."""
         if not (self._options.mig or self._options.mig_devices):
-            return {}
+            return None
         clock = time.perf_counter()
-        ask = self._health.ask
+        try:
+            mode = self._mig.mode(key, handle, self._health.ask)
+            if mode is None:
+                return None
+            return self._mig.layout(key, handle, self._health.ask, lambda: self._health.fail("mig"), mode)
+        finally:
+            self._spent("mig", time.perf_counter() - clock)
+
+    def _read_mig(self, key: str, handle: Any, part: SlowPart) -> dict[str, Any]:
+        """The MIG device UUIDs while MIG is on (device plugins hand these to pods; the
+        kubernetes collector resolves them), and with the mig collector the mode of every
+        MIG-capable GPU and the instances, their memory and GPM read now. Their GPM reads
+        count as profiling time."""
+        layout = part.mig
+        if layout is None:
+            return {}
         out: dict[str, Any] = {}
+        if self._options.mig_devices:
+            out["mig_uuids"] = layout.uuids
+        if not self._options.mig:
+            return out
+        clock = time.perf_counter()
         gpm_seconds = 0.0
         try:
-            mode = self._mig.mode(key, handle, ask)
-            if mode is not None:
-                def fail() -> None:
-                    self._health.fail("mig")
-                migs = self._mig.handles(key, handle, ask, fail) if mode[0] == 1 else []
-                if self._options.mig_devices:
-                    out["mig_uuids"] = tuple(self._mig.uuids(migs))
-                if self._options.mig:
-                    out["mig"], gpm_seconds = self._mig.state(key, handle, ask, fail, self._gpm, mode, migs, self._memory)
+            def fail() -> None:
+                self._health.fail("mig")
+            out["mig"], gpm_seconds, stale = self._mig.state(key, handle, self._health.ask, fail, self._gpm, layout, self._memory)
+            if stale:
+                self._job.reread = True  # an instance's handle failed: the layout is read again next refresh
         finally:  # counted even when the GPU went down inside it
             self._spent("profiling", gpm_seconds)
             self._spent("mig", time.perf_counter() - clock - gpm_seconds)

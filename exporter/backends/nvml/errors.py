@@ -101,15 +101,19 @@ class _Blocking(threading.local):
     """Per thread: whom to tell that an NVML call took long (a GPU worker's relay probe);
     a thread that never asks (the reader, the XID watcher) is told nothing and not timed."""
 
-    notify: Callable[[], None] | None = None
+    notify: Callable[[float], None] | None = None
+    calling: Any = None  # an object whose call_since is set while this thread is inside an NVML call
 
 
 _blocking = _Blocking()
 
 
-def tell_when_blocking(notify: Callable[[], None] | None) -> None:
-    """On this thread, call notify after every NVML call that took long (None: stop)."""
+def tell_when_blocking(notify: Callable[[float], None] | None, calling: Any = None) -> None:
+    """On this thread, call notify(seconds) after every NVML call that took long, and keep
+    calling.call_since at the perf_counter() start of the call in progress (None outside one)
+    so another thread can tell a call that waits from Python that runs (None, None: stop)."""
     _blocking.notify = notify
+    _blocking.calling = calling
 
 
 def call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -127,15 +131,20 @@ _REQUIRED_ABSENT = ABSENT_CODES - {NO_PERMISSION}
 
 
 def _timed(absent: frozenset[int], fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T | None:
-    notify = _blocking.notify
-    if notify is None:
+    notify, calling = _blocking.notify, _blocking.calling
+    if notify is None and calling is None:
         return _classified(absent, fn, *args, **kwargs)
     start = perf_counter()
+    if calling is not None:
+        calling.call_since = start
     try:
         return _classified(absent, fn, *args, **kwargs)
     finally:
-        if perf_counter() - start > BLOCKING_SECONDS:
-            notify()
+        if calling is not None:
+            calling.call_since = None
+        took = perf_counter() - start
+        if notify is not None and took > BLOCKING_SECONDS:
+            notify(took)
 
 
 def _classified(absent: frozenset[int], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:

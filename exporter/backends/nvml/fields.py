@@ -7,9 +7,12 @@ is left out, never read as 0 (DCGM #311: memory temperature 0 on an L4).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import struct
 from typing import Any, Iterable
+
+import pynvml
 
 from . import errors as nvml_errors
 
@@ -21,6 +24,31 @@ NVLINK_THROUGHPUT_DATA_RX = 139
 PCIE_COUNT_TX_BYTES = 197
 PCIE_COUNT_RX_BYTES = 198
 GPU_RECOVERY_ACTION = 230
+# values that also have a call of their own: the call is the fallback where the entry fails
+TOTAL_ENERGY = 83
+PCIE_REPLAY_COUNTER = 94
+POWER_AVERAGE = 185  # what nvmlDeviceGetPowerUsage reads on Ampere (but GA100) and newer
+POWER_INSTANT = 186  # ... and on older GPUs
+POWER_CURRENT_LIMIT = 190  # the enforced limit (nvmlDeviceGetEnforcedPowerLimit)
+# slow values (health and nvlink collectors)
+ECC_CURRENT, ECC_PENDING = 1, 2
+ECC_COUNTS = {(0, 0): 3, (1, 0): 4, (0, 1): 5, (1, 1): 6}  # (nvmlMemoryErrorType_t, nvmlEccCounterType_t) -> id
+RETIRED_PAGES = {0: 29, 1: 30}  # nvmlPageRetirementCause_t -> id
+RETIRED_PENDING = 31
+REMAPPED = (142, 143, 144, 145)  # correctable, uncorrectable, pending, failure
+NVLINK_GET_STATE = 165  # scopeId = link
+NVLINK_DL_ERRORS = {"replay": 161, "recovery": 162, "crc_flit": 163}  # scopeId = link
+
+
+def nvlink_crc_data_field(link: int) -> int | None:
+    """NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L<link>: ids 39-44 (links 0-5), 102-107 (6-11);
+    no id for later links (their counter is read by its own call)."""
+    if 0 <= link < 6:
+        return 39 + link
+    if 6 <= link < 12:
+        return 102 + link - 6
+    return None
+
 # reason -> (field id, nvmlPerfPolicyType_t of the nvmlDeviceGetViolationStatus fallback)
 CLOCK_EVENT_FIELDS: tuple[tuple[str, int, int | None], ...] = (
     ("sw_power_cap", 74, 0),
@@ -59,6 +87,36 @@ class Values(dict[Request, float | int]):
         super().__init__()
         self.bits: dict[Request, int | None] = {}
         self.failed: set[Request] = set()
+
+
+class _Value(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong), ("siVal", ctypes.c_int),
+                ("usVal", ctypes.c_ushort)]
+
+
+class _Entry(ctypes.Structure):
+    """nvmlFieldValue_t (40 bytes; shared/reference/nvml-extended.md 4a) as a plain ctypes
+    struct: pynvml's own adds a Python-level __getattribute__ to every field access, a third
+    of a GPU's read time with a batch of 40 entries."""
+
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint), ("timestamp", ctypes.c_longlong),
+                ("latencyUsec", ctypes.c_longlong), ("valueType", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", _Value)]
+
+
+assert ctypes.sizeof(_Entry) == 40
+
+
+def get_field_values(handle: Any, requests: list[Request]) -> Any:
+    """nvmlDeviceGetFieldValues for [(field id, scope id)]: the filled array (errors raised as
+    pynvml's NVMLError, for errors.py)."""
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    entries = (_Entry * len(requests))()
+    for entry, (fid, scope) in zip(entries, requests):
+        entry.fieldId, entry.scopeId = fid, scope
+    pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int(len(requests)), entries))
+    return entries
 
 
 def _raw_u64(value: Any) -> int:

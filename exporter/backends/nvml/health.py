@@ -25,8 +25,16 @@ _ECC_TYPES = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
 _ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
 _RETIREMENT_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # nvmlPageRetirementCause_t
 _NVLINK_ERRORS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # nvmlNvLinkErrorCounter_t
+# ECC mode and counts, retired pages, remapped rows: the field ids of one slow batch
+_HEALTH_FIELDS = (
+    nvml_fields.ECC_CURRENT, nvml_fields.ECC_PENDING, *nvml_fields.ECC_COUNTS.values(),
+    *nvml_fields.RETIRED_PAGES.values(), nvml_fields.RETIRED_PENDING, *nvml_fields.REMAPPED,
+)
 _RECOVERY_ACTION_MAX = 255  # enum values 0..7 today; anything larger is garbage
 UNSUPPORTED_RECHECK = 60.0  # seconds a NOT_SUPPORTED answer is trusted before asking again
+# ... for a slow value's call (slow.py), asked only where its field entry did not answer:
+# the board lacks the feature, which a GPU coming back from down or a new init asks again
+SLOW_RECHECK = 600.0
 MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS of the 13.x header: only the probing fallback uses it
 
 
@@ -52,7 +60,7 @@ class HealthReader:
         self._remapped = Fallback(pynvml.nvmlDeviceGetRemappedRows)
         self._link_state = Fallback(pynvml.nvmlDeviceGetNvLinkState)
         self._link_errors = Fallback(pynvml.nvmlDeviceGetNvLinkErrorCounter)
-        self._unsupported: dict[tuple[str, str], float] = {}  # (device key, query) -> when it said so
+        self._unsupported: dict[tuple[str, str], float] = {}  # (device key, query) -> until when it is trusted
         self._links: dict[str, int] = {}  # device key -> link count, read once per init
 
     def forget(self) -> None:
@@ -69,7 +77,15 @@ class HealthReader:
         for warned in [w for w in list(self._warned) if w[0] == key]:
             self._warned.discard(warned)
 
-    def ask(self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu", remember: bool = True) -> Any:
+    def forget_unsupported(self, key: str) -> None:
+        """A GPU back from down (reset, MIG change): what it did not support is asked again."""
+        for memo in [m for m in list(self._unsupported) if m[0] == key]:
+            self._unsupported.pop(memo, None)
+
+    def ask(
+        self, key: str, what: str, fn: Callable[..., Any], *args: Any, part: str = "gpu", remember: bool = True,
+        recheck: float = UNSUPPORTED_RECHECK,
+    ) -> Any:
         """fn(*args) for a health or v2 value. NOT_SUPPORTED (None) is remembered for this
         device for UNSUPPORTED_RECHECK seconds (some answers change at run time: remapped
         rows and utilization samples while MIG is on); remember=False for a call whose None
@@ -77,8 +93,8 @@ class HealthReader:
         absent value this once: logged (once per device, query and code) and counted against
         `part`, whose collector then reports the refresh unsuccessful."""
         now = time.monotonic()
-        since = self._unsupported.get((key, what)) if remember else None
-        if since is not None and now - since < UNSUPPORTED_RECHECK:
+        until = self._unsupported.get((key, what)) if remember else None
+        if until is not None and now < until:
             return None
         try:
             value = fn(*args)
@@ -91,7 +107,7 @@ class HealthReader:
                 self._log.warning("GPU query failed; leaving its value out", extra=log_fields(device=key, query=what, error=str(err)))
             return None
         if value is None and remember:
-            self._unsupported[(key, what)] = now
+            self._unsupported[(key, what)] = now + recheck
         else:
             self._unsupported.pop((key, what), None)
         return value
@@ -111,38 +127,73 @@ class HealthReader:
         failed, self._job.failed = self._job.failed, None
         return frozenset(failed)
 
+    def begin_slow(self) -> None:
+        """A slow read starts on this thread: end_slow() says which parts failed in it."""
+        self._job.slow_base = set(self._current())
+
+    def end_slow(self) -> frozenset[str]:
+        return frozenset(self._current() - getattr(self._job, "slow_base", set()))
+
+    def _current(self) -> set[str]:
+        job_failed = getattr(self._job, "failed", None)
+        return job_failed if job_failed is not None else self._failed
+
     def take_failures(self) -> set[str]:
         """The parts whose queries failed since the last call (one read)."""
         failed, self._failed = self._failed, set()
         return failed
 
-    def health(self, key: str, handle: Any, fields: nvml_fields.Values) -> GpuHealth:
+    def health_requests(self) -> list[nvml_fields.Request]:
+        """The slow health values' field ids, read in the device's one batch."""
+        return [(fid, 0) for fid in _HEALTH_FIELDS]
+
+    def health(self, key: str, handle: Any, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> GpuHealth:
+        """ECC, retired pages and remapped rows (slow values; recovery_action is filled in per
+        refresh): from the batch, each value its own call where its entry did not answer."""
+        ask = self.ask
+
+        def field(fid: int) -> int | None:
+            value = fields.get((fid, 0))
+            return None if value is None else int(value)
+
         ecc_enabled: list[tuple[str, int]] = []
         ecc_errors: list[tuple[str, str, int]] = []
-        mode = self.ask(key, "ecc_mode", self._ecc_mode, handle, part="health")
-        if mode is not None:
-            current, pending = (_flag(m) for m in mode)
-            ecc_enabled = [(m, v) for m, v in (("current", current), ("pending", pending)) if v is not None]
-            if current:  # the counters need ECC on (they answer NOT_SUPPORTED otherwise)
-                for type_name, type_id in _ECC_TYPES:
-                    for scope_name, scope_id in _ECC_SCOPES:
-                        count = self.ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id, part="health")
-                        if count is not None and count != nvml_fields.U64_NA:
-                            ecc_errors.append((type_name, scope_name, int(count)))
+        current, pending = _flag(field(nvml_fields.ECC_CURRENT)), _flag(field(nvml_fields.ECC_PENDING))
+        if current is None or pending is None:
+            mode = ask(key, "ecc_mode", self._ecc_mode, handle, part="health", recheck=SLOW_RECHECK)
+            if mode is not None:
+                current, pending = (_flag(m) for m in mode)
+        ecc_enabled = [(m, v) for m, v in (("current", current), ("pending", pending)) if v is not None]
+        if current:  # the counters need ECC on (they answer NOT_SUPPORTED otherwise)
+            for type_name, type_id in _ECC_TYPES:
+                for scope_name, scope_id in _ECC_SCOPES:
+                    count = field(nvml_fields.ECC_COUNTS[(type_id, scope_id)])
+                    if count is None:
+                        count = ask(key, f"ecc.{type_id}.{scope_id}", self._ecc_errors, handle, type_id, scope_id, part="health", recheck=SLOW_RECHECK)
+                    if count is not None and count != nvml_fields.U64_NA:
+                        ecc_errors.append((type_name, scope_name, int(count)))
         retired: list[tuple[str, int]] = []
         for cause, cause_id in _RETIREMENT_CAUSES:
-            pages = self.ask(key, f"retired.{cause_id}", self._retired, handle, cause_id, part="health")
+            pages = field(nvml_fields.RETIRED_PAGES[cause_id])
+            if pages is None:
+                listed = ask(key, f"retired.{cause_id}", self._retired, handle, cause_id, part="health", recheck=SLOW_RECHECK)
+                pages = None if listed is None else len(listed)
             if pages is not None:
-                retired.append((cause, len(pages)))
-        pending_pages = _flag(self.ask(key, "retired_pending", self._retired_pending, handle, part="health")) if retired else None
+                retired.append((cause, pages))
+        pending_pages = None
+        if retired:
+            pending_pages = _flag(field(nvml_fields.RETIRED_PENDING))
+            if pending_pages is None:
+                pending_pages = _flag(ask(key, "retired_pending", self._retired_pending, handle, part="health", recheck=SLOW_RECHECK))
         remapped: list[tuple[str, int]] = []
         remap_pending = remap_failed = None
-        rows = self.ask(key, "remapped", self._remapped, handle, part="health")
+        rows: Any = tuple(field(fid) for fid in nvml_fields.REMAPPED)
+        if None in rows:
+            rows = ask(key, "remapped", self._remapped, handle, part="health", recheck=SLOW_RECHECK)
         if rows is not None:
             corrected, uncorrected, is_pending, failed = rows
             remapped = [("correctable", int(corrected)), ("uncorrectable", int(uncorrected))]
             remap_pending, remap_failed = _flag(is_pending), _flag(failed)
-        action = nvml_fields.in_range(fields.get((nvml_fields.GPU_RECOVERY_ACTION, 0)), 0, _RECOVERY_ACTION_MAX)
         return GpuHealth(
             ecc_enabled=tuple(ecc_enabled),
             ecc_errors=tuple(ecc_errors),
@@ -151,8 +202,12 @@ class HealthReader:
             remapped_rows=tuple(remapped),
             row_remap_pending=remap_pending,
             row_remap_failed=remap_failed,
-            recovery_action=int(action) if action is not None else None,
         )
+
+    @staticmethod
+    def recovery_action(fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> int | None:
+        action = nvml_fields.in_range(fields.get((nvml_fields.GPU_RECOVERY_ACTION, 0)), 0, _RECOVERY_ACTION_MAX)
+        return int(action) if action is not None else None
 
     # -- NVLink -------------------------------------------------------------------------
 
@@ -182,22 +237,54 @@ class HealthReader:
         return int(count)
 
     def link_requests(self, count: int) -> list[nvml_fields.Request]:
+        """The links' traffic counters (fast: every refresh)."""
         return [(fid, link) for link in range(count) for fid in (nvml_fields.NVLINK_THROUGHPUT_DATA_TX, nvml_fields.NVLINK_THROUGHPUT_DATA_RX)]
 
-    def nvlinks(self, key: str, handle: Any, count: int, fields: nvml_fields.Values) -> tuple[NvLinkSample, ...]:
+    def link_slow_requests(self, count: int) -> list[nvml_fields.Request]:
+        """The links' state and error counters (slow): every link by scope, CRC data through
+        the per-link legacy ids, which exist for links 0..11 only."""
+        out = []
+        for link in range(count):
+            out.append((nvml_fields.NVLINK_GET_STATE, link))
+            out.extend((fid, link) for fid in nvml_fields.NVLINK_DL_ERRORS.values())
+            legacy = nvml_fields.nvlink_crc_data_field(link)
+            if legacy is not None:
+                out.append((legacy, 0))
+        return out
+
+    def link_state(self, key: str, handle: Any, count: int, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> tuple[NvLinkSample, ...]:
+        """Each link's state and error counters (slow values), each from its field where that
+        entry answered, else its own call."""
         links = []
         for link in range(count):
-            state = self.ask(key, f"nvlink_state.{link}", self._link_state, handle, link, part="nvlink")
+            state = fields.get((nvml_fields.NVLINK_GET_STATE, link))
+            if state is None:
+                state = self.ask(key, f"nvlink_state.{link}", self._link_state, handle, link, part="nvlink", recheck=SLOW_RECHECK)
+            errors = []
+            for name, counter in _NVLINK_ERRORS:
+                fid = nvml_fields.NVLINK_DL_ERRORS.get(name)
+                value = fields.get((fid, link)) if fid is not None else None
+                if value is None and name == "crc_data":
+                    legacy = nvml_fields.nvlink_crc_data_field(link)
+                    value = fields.get((legacy, 0)) if legacy is not None else None
+                if value is None:
+                    value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter, part="nvlink", recheck=SLOW_RECHECK)
+                if value is not None and value != nvml_fields.U64_NA:
+                    errors.append((name, int(value)))
+            links.append(NvLinkSample(link=link, active=_flag(state), errors=tuple(errors)))
+        return tuple(links)
+
+    @staticmethod
+    def link_traffic(slow: tuple[NvLinkSample, ...], count: int, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> tuple[NvLinkSample, ...]:
+        """The links with this refresh's traffic counters on top of their slow state."""
+        known = {s.link: s for s in slow}
+        links = []
+        for link in range(count):
             moved = []
             for direction, fid in (("transmit", nvml_fields.NVLINK_THROUGHPUT_DATA_TX), ("receive", nvml_fields.NVLINK_THROUGHPUT_DATA_RX)):
                 kib = fields.get((fid, link))
                 if kib is not None and kib >= 0:
                     moved.append((direction, int(kib) * 1024))  # the header says KiB
-            errors = []
-            for name, counter in _NVLINK_ERRORS:
-                value = self.ask(key, f"nvlink_errors.{link}.{counter}", self._link_errors, handle, link, counter, part="nvlink")
-                if value is not None and value != nvml_fields.U64_NA:
-                    errors.append((name, int(value)))
-            links.append(NvLinkSample(link=link, active=_flag(state), bytes=tuple(moved), errors=tuple(errors)))
+            base = known.get(link, NvLinkSample(link=link))
+            links.append(NvLinkSample(link=link, active=base.active, bytes=tuple(moved), errors=base.errors))
         return tuple(links)
-

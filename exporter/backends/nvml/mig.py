@@ -1,8 +1,9 @@
 """The mig collector's NVML reads, and the MIG device UUIDs the kubernetes collector needs.
 
-MIG devices are enumerated on every refresh (shared/reference/nvml-extended.md section 7):
-handles are invalidated by any instance destroyed or created and ids are reused, so nothing
-about an instance is cached across refreshes. Slots are sparse: NOT_FOUND and
+The MIG layout (mode, devices, their ids and names) is a slow value (slow.py): enumerated on
+the GPU's slow reads, and at once again when an instance's handle stops answering (an instance
+destroyed or created invalidates handles, shared/reference/nvml-extended.md section 7). Each
+instance's memory and GPM values are read on every refresh through the layout's handles. Slots are sparse: NOT_FOUND and
 INVALID_ARGUMENT mean an empty slot. Memory belongs to the GPU instance and is read once
 per instance (from its first compute instance); GPM values per GPU instance come from
 nvmlGpmMigSampleGet on the parent, their samples tagged with the instance's members so a
@@ -12,6 +13,7 @@ recreated instance is never diffed against its predecessor.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import pynvml
@@ -35,6 +37,18 @@ def profile_of(name: str) -> str:
     """The profile from a MIG device's name ("... MIG 1g.10gb" -> "1g.10gb"); "" when absent."""
     at = name.rfind(_PROFILE_MARK)
     return name[at + len(_PROFILE_MARK):].strip() if at >= 0 else ""
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    """One GPU's MIG mode and devices as of its last slow read. first: (GPU instance id, the
+    handle of its first MIG device), by id; members: what each instance's GPM samples are tagged with."""
+
+    mode: tuple[int | None, int | None]
+    uuids: tuple[str, ...] = ()
+    devices: tuple[MigDevice, ...] = ()
+    first: tuple[tuple[int, Any], ...] = ()
+    members: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 class MigReader:
@@ -75,14 +89,9 @@ class MigReader:
     def uuids(self, migs: list[tuple[Any, str]]) -> list[str]:
         return [u for _, u in migs if u]
 
-    def state(
-        self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,
-        mode: tuple[int | None, int | None], migs: list[tuple[Any, str]], memory_of: Callable[[Any], Any],
-    ) -> tuple[MigState, float]:
-        """The state, and the seconds it spent in GPM reads (the profiling collector's time;
-        returned, not kept: GPUs are read on parallel workers). memory_of: the backend's
-        memory query (v2, else v1 where used includes reserved)."""
-        current, pending = mode
+    def layout(self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], mode: tuple[int | None, int | None]) -> MigLayout:
+        """The MIG devices now (a slow read): handles, ids, UUIDs and names."""
+        migs = self.handles(key, handle, ask, fail) if mode[0] == 1 else []
         devices: list[MigDevice] = []
         first: dict[int, Any] = {}  # GPU instance id -> its first MIG device's handle
         members: dict[int, list[str]] = {}
@@ -100,18 +109,38 @@ class MigReader:
             devices.append(MigDevice(int(gi), int(ci), uuid, profile_of(name)))
             first.setdefault(int(gi), mig)
             members.setdefault(int(gi), []).append(f"{uuid}/{ci}/{name}")
+        devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
+        return MigLayout(
+            mode=mode,
+            uuids=tuple(self.uuids(migs)),
+            devices=tuple(devices),
+            first=tuple(sorted(first.items(), key=lambda item: item[0])),
+            members={gi: tuple(sorted(m)) for gi, m in members.items()},
+        )
+
+    def state(
+        self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,
+        layout: MigLayout, memory_of: Callable[[Any], Any],
+    ) -> tuple[MigState, float, bool]:
+        """The state (every refresh), the seconds it spent in GPM reads (the profiling
+        collector's time; returned, not kept: GPUs are read on parallel workers), and whether
+        an instance's handle failed (the layout is stale: read it again). memory_of: the
+        backend's memory query (v2, else v1 where used includes reserved memory)."""
+        current, pending = layout.mode
         instances = []
         clock = time.perf_counter()
         gpm_on = gpm is not None and gpm.supported(key, handle, ask)
         gpm_seconds = time.perf_counter() - clock
-        for gi in sorted(first):
-            memory = self._memory(first[gi], fail, memory_of)
+        stale = False
+        for gi, mig in layout.first:
+            memory, lost = self._memory(mig, fail, memory_of)
+            stale = stale or lost
             profiling = None
             if gpm_on:
                 assert gpm is not None
                 clock = time.perf_counter()
                 try:
-                    profiling = gpm.read(key, handle, ask, instance=gi, tag=tuple(sorted(members[gi])))
+                    profiling = gpm.read(key, handle, ask, instance=gi, tag=layout.members[gi])
                 finally:
                     gpm_seconds += time.perf_counter() - clock
             instances.append(MigInstance(
@@ -122,21 +151,21 @@ class MigReader:
                 profiling=profiling,
             ))
         if gpm is not None:
-            gpm.forget_instances(key, set(first))
-        devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
-        return MigState(current=current, pending=pending, devices=tuple(devices), instances=tuple(instances)), gpm_seconds
+            gpm.forget_instances(key, {gi for gi, _ in layout.first})
+        return MigState(current=current, pending=pending, devices=layout.devices, instances=tuple(instances)), gpm_seconds, stale
 
-    def _memory(self, mig: Any, fail: Callable[[], None], memory_of: Callable[[Any], Any]) -> tuple[int, int, int] | None:
+    def _memory(self, mig: Any, fail: Callable[[], None], memory_of: Callable[[Any], Any]) -> tuple[tuple[int, int, int] | None, bool]:
+        """An instance's memory, and whether its handle failed (the instance may be gone)."""
         try:
             memory = memory_of(mig)
         except DeviceDown as err:
             if err.code in LOST_CODES:
                 raise
             fail()
-            return None
+            return None, True
         if memory is None or not memory.total:
-            return None
-        return int(memory.total), int(memory.used), int(memory.free)
+            return None, False
+        return (int(memory.total), int(memory.used), int(memory.free)), False
 
 
 def _text(value: Any) -> str:

@@ -11,7 +11,8 @@ call was a thread switch: 3-4x the CPU of reading the GPUs one after another). S
 starts its reads as a relay: each read starts the next one when it returns, and the refresh
 itself starts the next one when a read has held the relay RELAY_SECONDS (hung or long). The
 reads the refresh starts itself are probes: they time their NVML calls, and a probe with
-BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS finds a driver that blocks;
+BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS, or one call longer than
+BLOCKED_SECONDS (a driver where a single call per GPU waits), finds a driver that blocks;
 every read left then starts at once, and so do the next PROBE_EVERY - 1 refreshes (all in
 flight together, the GPUs' waits overlap), after which a relay probes again.
 """
@@ -27,6 +28,8 @@ from . import errors as nvml_errors
 RELAY_SECONDS = 0.001  # a read without progress for this long (1-2 ms in all) is passed
 BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy
 # wrappers and a preempted call are not yet a driver that blocks
+BLOCKED_SECONDS = 0.0005  # ... or one call this long: a call that waits on the driver for
+# half a millisecond is a driver that blocks, even if it is the only one
 PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a relay
 
 
@@ -45,6 +48,7 @@ class DeviceWorker:
         self._stopping = False
         self._on_exit: Callable[[], None] | None = None
         self.inflight_since: float | None = None  # monotonic start of the job not yet returned
+        self.call_since: float | None = None  # perf_counter() start of the NVML call its job is inside
         self._thread = threading.Thread(target=self._run, name=f"resmon-gpu-{index}", daemon=True)
         self._thread.start()
 
@@ -91,11 +95,11 @@ class DeviceWorker:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
-    def _blocked(self) -> None:
-        """One NVML call of the running job blocked (on this worker's thread)."""
+    def _blocked(self, seconds: float) -> None:
+        """One NVML call of the running job blocked for seconds (on this worker's thread)."""
         self._blocking += 1
-        if self._blocking == BLOCKED_CALLS:
-            self._pass_relay(blocked=True)
+        if self._blocking >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS:
+            self._pass_relay(blocked=True)  # once: _pass_relay forgets the relay
 
     def _pass_relay(self, blocked: bool = False) -> None:
         relay, self._relay = self._relay, None  # this thread alone runs the job: no lock
@@ -111,7 +115,8 @@ class DeviceWorker:
                 job, self._job = self._job, None
             result: Any = None
             error: BaseException | None = None
-            nvml_errors.tell_when_blocking(self._blocked if self._probe else None)  # only a probe times its calls
+            # only a probe counts its long calls; every job shows when it is inside one (Relay.run)
+            nvml_errors.tell_when_blocking(self._blocked if self._probe else None, self)
             try:
                 result = job()
             except BaseException as exc:  # handed to the reader, which decides
@@ -158,12 +163,24 @@ class Relay:
                     self._all_started.set()
                 break
             wait = min(RELAY_SECONDS, until - now)
-            # no progress for a whole RELAY_SECONDS: the read in front is hung or long. A wait
+            # no progress for a whole RELAY_SECONDS, and the read in front inside one NVML call
+            # that long: it waits on the driver (hung or slow). A read running Python on a busy
+            # machine is not passed (two at once would only hand the GIL to each other). A wait
             # cut short by the deadline starts nothing (it once started one after it).
-            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS:
+            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS and self._front_waits():
                 self._start(probe=True)
             seen = self._next
         return self.submitted
+
+    def _front_waits(self) -> bool:
+        """The read started last is inside an NVML call for RELAY_SECONDS or more (or its
+        worker is gone from under it: not knowable, so yes)."""
+        with self._lock:
+            started = [w for (w, _), s in zip(self._jobs[: self._next], self.submitted) if s]
+        if not started:
+            return True
+        since = started[-1].call_since
+        return since is not None and time.perf_counter() - since >= RELAY_SECONDS
 
     def passed(self, blocked: bool) -> None:
         """From a worker: its read returned, or (blocked) the probe's calls blocked."""
