@@ -109,7 +109,7 @@ def up_by_gpu(s: Scrape) -> dict[str, float]:
 def test_a_hung_gpu_is_down_alone_threads_stay_bounded_and_it_recovers(run_exporter, machine, trace):
     exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
     exporter.wait_ready()
-    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": 9000})
+    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPerformanceState": 9000})
     counts = []
     for i in range(5):
         if i == 3:  # the healthy GPUs are read afresh on every refresh meanwhile
@@ -124,7 +124,7 @@ def test_a_hung_gpu_is_down_alone_threads_stay_bounded_and_it_recovers(run_expor
     # one read in flight on the hung GPU: it is not asked again while that call runs
     assert sum(1 for sym, idx in trace.lines() if sym == "nvmlDeviceGetPowerUsage" and idx == 2) <= 2
     assert "reporting this GPU down until it returns" in exporter.stderr
-    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPowerUsage": None})
+    machine.update(**{"gpu.2.delay_ms.nvmlDeviceGetPerformanceState": None})
     s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
     assert gpu_ups(s) == {1.0}
 

@@ -192,14 +192,14 @@ def _one_series_per_gpu(s: Any) -> list[tuple[str, str]]:
 
 def test_a_gpu_whose_first_read_hangs_is_exported_once(run_exporter, scenario):
     # issue 22 item 6: the UUID answers, then the power call hangs past --collect.timeout
-    scenario.write({**BASE, "gpu.0.delay_ms.nvmlDeviceGetPowerUsage": 2500})
+    scenario.write({**BASE, "gpu.0.delay_ms.nvmlDeviceGetPerformanceState": 2500})
     exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
     expected = [("0", UUID[0]), ("1", UUID[1]), ("2", UUID[2])]
     for _ in range(3):
         s = exporter.scrape()
         assert _one_series_per_gpu(s) == expected
         assert s.value("resmon_gpu_up", gpu="0", uuid=UUID[0]) == 0
-    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetPowerUsage": None})
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetPerformanceState": None})
     s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
     assert _one_series_per_gpu(s) == expected
     assert s.value("resmon_gpu_info", gpu="0", uuid=UUID[0], name="NVIDIA H100 80GB HBM3") == 1

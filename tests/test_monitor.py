@@ -91,7 +91,7 @@ def test_gpus_are_down_only_after_a_read_outlives_collect_timeout(nvml, log):
     _, records = log
     with monitor(log, cache_ttl=0, collect_timeout=1.0) as m:
         m.snapshot()
-        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPowerUsage": 4000})
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPerformanceState": 4000})
         read_started = time.monotonic()
         stale = m.snapshot(timeout=0.3)
         assert time.monotonic() - read_started < 0.9
@@ -103,7 +103,7 @@ def test_gpus_are_down_only_after_a_read_outlives_collect_timeout(nvml, log):
         assert in_flight < 2.5  # and not held to the caller's 3 s: the hang was known at 1 s
         warnings = [r for r in records.records if "longer than --collect.timeout" in r.getMessage()]
         assert len(warnings) == 1 and warnings[0].resmon_fields["collect_timeout_seconds"] == 1.0
-        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPowerUsage": None})
+        scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPerformanceState": None})
         wait_until(lambda: m.snapshot(timeout=1.0).gpu_status.success, timeout=15)
         assert ups(m.snapshot()) == [True] * 3
 
@@ -465,12 +465,12 @@ def test_a_defect_and_a_lost_library_in_one_read_still_reinitialise_nvml(nvml, l
     backend = NvmlBackend(log[0], device_timeout=5.0)
     try:
         backend.read()
-        scenario.update(**{"gpu.1.rc.nvmlDeviceGetUUID": DRIVER_NOT_LOADED})
+        scenario.update(**{"gpu.1.rc.nvmlDeviceGetMemoryInfo_v2": DRIVER_NOT_LOADED})
         read_with_a_defect_on_gpu_0(backend, monkeypatch)
         assert trace.count("nvmlShutdown") == 1
         assert not backend._initialised
     finally:
-        scenario.update(**{"gpu.1.rc.nvmlDeviceGetUUID": None})
+        scenario.update(**{"gpu.1.rc.nvmlDeviceGetMemoryInfo_v2": None})
         backend.close()
 
 
@@ -516,7 +516,7 @@ def test_mig_gpm_time_of_parallel_gpus_is_counted_per_gpu(nvml, log):
     # GPU 1's GPU-instance samples (2 x 500 ms) overlap GPU 0's (2 x 300 ms), which start 600 ms
     # later: time kept on the shared reader was counted on the wrong GPU (mig went negative)
     scenario, _ = nvml
-    scenario.write({**_two_mig_gpus(), "gpu.0.delay_ms.nvmlDeviceGetPowerUsage": 600,
+    scenario.write({**_two_mig_gpus(), "gpu.0.delay_ms.nvmlDeviceGetPerformanceState": 600,
                     "gpu.0.delay_ms.nvmlGpmMigSampleGet": 300, "gpu.1.delay_ms.nvmlGpmMigSampleGet": 500})
     backend = NvmlBackend(log[0], device_timeout=5.0, options=GpuOptions(profiling=True, mig=True))
     try:

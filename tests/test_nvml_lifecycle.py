@@ -186,7 +186,7 @@ def test_hung_nvml_call_does_not_block_the_scrape(run_exporter, scenario):
     exporter.wait_ready()
     s = exporter.scrape()
     assert s.value("resmon_gpu_up", gpu="0", uuid=UUID0) == 1
-    scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPowerUsage": 30000})  # a wedged driver call
+    scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetPerformanceState": 30000})  # a wedged driver call
     status, _, body = exporter.request("/metrics", timeout=15)  # far below the 30 s hang
     assert status == 200
     from fakenvml import Scrape

@@ -71,7 +71,7 @@ def test_a_gpu_hung_in_its_first_call_holds_up_no_other(run_exporter, scenario):
     scenario.write(values)
     exporter = run_exporter("--collect.cache-ttl=0", "--collect.timeout=1s")
     exporter.wait_ready()
-    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetUUID": 9000})  # the relay's first read
+    scenario.update(**{"gpu.0.delay_ms.nvmlDeviceGetMemoryInfo_v2": 9000})  # the first call of the relay's first read
     for _ in range(3):
         s = exporter.scrape()
         ups = {labels["gpu"]: v for labels, v in s.series("resmon_gpu_up")}

@@ -30,6 +30,7 @@ BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three
 # wrappers and a preempted call are not yet a driver that blocks
 BLOCKED_SECONDS = 0.0005  # ... or one call this long: a call that waits on the driver for
 # half a millisecond is a driver that blocks, even if it is the only one
+STALL_SECONDS = 0.01  # a read without progress this long is passed even while it runs Python
 PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a relay
 
 
@@ -155,6 +156,7 @@ class Relay:
         those by then: they are reported as not read); which were submitted."""
         self._start(probe=True)
         seen = self._next
+        moved = time.monotonic()  # when the relay last made progress
         while not self._all_started.is_set():
             now = time.monotonic()
             if now >= until:
@@ -165,10 +167,14 @@ class Relay:
             wait = min(RELAY_SECONDS, until - now)
             # no progress for a whole RELAY_SECONDS, and the read in front inside one NVML call
             # that long: it waits on the driver (hung or slow). A read running Python on a busy
-            # machine is not passed (two at once would only hand the GIL to each other). A wait
+            # machine is passed only after STALL_SECONDS (two at once would only hand the GIL to
+            # each other, and a read in the GIL's queue is not hung). A wait
             # cut short by the deadline starts nothing (it once started one after it).
-            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS and self._front_waits():
-                self._start(probe=True)
+            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS:
+                if self._front_waits() or time.monotonic() - moved >= STALL_SECONDS:
+                    self._start(probe=True)
+            if self._next != seen:
+                moved = time.monotonic()
             seen = self._next
         return self.submitted
 
