@@ -28,14 +28,23 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
                    "the exporter's own (less the fake NVML's)", "of which the fake libnvidia-ml.so.1"):
         assert needle in table, needle
     figures = json.loads(out.read_text())
-    # the nvitop-exporter ratio is there only where nvitop-exporter is installed
-    assert set(figures) - {"scrape_cold_8_vs_nvitop"} == {
+    for needle in ("CPU per 5 s scrape interval, 8 GPUs, defaults (all threads)", "CPU per refresh, 8 plain GPUs",
+                   "NVML calls per refresh per GPU, H100-class, refresh every 5 s", "MIG + GPM",
+                   "refresh, one 1 ms call per GPU, 8 GPUs / 1 GPU"):
+        assert needle in table, needle
+    # the headline comes first: CPU per scrape interval, then calls, then cold latency
+    assert table.index("CPU per 5 s scrape interval") < table.index("NVML calls per refresh per GPU") < table.index(
+        "COLD scrape 8 GPUs, TTL 0, p50")
+    # the nvitop-exporter ratios are there only where nvitop-exporter is installed
+    assert set(figures) - {"scrape_cold_8_vs_nvitop", "cpu_interval_5s_vs_nvitop"} == {
+        "calls_plain", "calls_health", "calls_mig_gpm", "refresh_one_blocking_ratio",
         "scrape_cold_64_p99", "scrape_cold_processes_p99", "refresh_delayed_ratio",
         "scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm", "rss_start", "idle_wakeups"}
     # the headline comes first: cold, then warm
     assert table.index("COLD scrape 8 GPUs, TTL 0, p50") < table.index("warm scrape 8 GPU(s) text p99")
     # units as the table prints them: ms, MiB, a count; a figure that was never measured is 0
-    assert all(figures[k] > 0 for k in ("scrape_cold_64_p99", "scrape_cold_processes_p99", "refresh_delayed_ratio",
+    assert all(5 < figures[k] < 40 for k in ("calls_plain", "calls_health", "calls_mig_gpm"))  # calls per GPU
+    assert all(figures[k] > 0 for k in ("refresh_one_blocking_ratio", "scrape_cold_64_p99", "scrape_cold_processes_p99", "refresh_delayed_ratio",
                                         "scrape_warm_8_p99", "scrape_warm_64_p99", "refresh_cold_8", "api_warm"))
     assert 10 < figures["rss_start"] < 1024  # MiB: a live Python process, not bytes or kB
     assert figures["idle_wakeups"] == int(figures["idle_wakeups"]) >= 0  # a count of context switches
