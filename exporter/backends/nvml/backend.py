@@ -964,7 +964,10 @@ class NvmlBackend:
         energy = _first(fields, nvml_fields.TOTAL_ENERGY)
         if energy is None:
             energy = self._energy(handle)
-        busy, newest = self._busy_seconds(key, handle)
+        # the gauges keep their own calls (the contract's source; a board's newest sample is
+        # not the driver's rate on every fake and board): the samples' newest is not used yet
+        busy, _ = self._busy_seconds(key, handle)
+        newest: dict[str, int] = {}
         gpu_util, memory_util = newest.get("gpu"), newest.get("memory")
         if gpu_util is None or memory_util is None:  # no new samples this time: the driver's current rates
             util = self._utilization(handle)
