@@ -964,20 +964,12 @@ class NvmlBackend:
         energy = _first(fields, nvml_fields.TOTAL_ENERGY)
         if energy is None:
             energy = self._energy(handle)
-        # the gauges keep their own calls (the contract's source; a board's newest sample is
-        # not the driver's rate on every fake and board): the samples' newest is not used yet
-        busy, _ = self._busy_seconds(key, handle)
-        newest: dict[str, int] = {}
-        gpu_util, memory_util = newest.get("gpu"), newest.get("memory")
-        if gpu_util is None or memory_util is None:  # no new samples this time: the driver's current rates
-            util = self._utilization(handle)
-            gpu_util, memory_util = (util.gpu, util.memory) if util is not None else (None, None)
+        busy = self._busy_seconds(key, handle)
+        util = self._utilization(handle)  # the gauges' own calls: the contract's source
+        gpu_util, memory_util = (util.gpu, util.memory) if util is not None else (None, None)
         ask = self._health.ask
-        encoder, decoder = newest.get("encoder"), newest.get("decoder")
-        if encoder is None:
-            encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
-        if decoder is None:
-            decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
+        encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
+        decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
         part = self._read_slow(key, handle, links, fields) if slow else cached
         assert part is not None
         replays = _first(fields, nvml_fields.PCIE_REPLAY_COUNTER)
@@ -1137,11 +1129,8 @@ class NvmlBackend:
             "pcie_link_width_lanes": tuple(p for p in (width, width_max) if p is not None),
         }
 
-    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[tuple[str, float], ...], dict[str, int]]:
-        """The busy counters, and each engine's current utilization (percent: its newest
-        sample, while no newer one is due), which the gauges take instead of a call of their own."""
+    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[str, float], ...]:
         out = []
-        newest: dict[str, int] = {}
         for engine, sampling_type in _SAMPLE_TYPES.items():
             if self._samples_missing:
                 break
@@ -1166,10 +1155,7 @@ class NvmlBackend:
                     if value is not None:
                         samples.append((int(e.timeStamp), float(value)))
             out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
-            current = self._busy.current(key, engine)
-            if current is not None and asked:  # not after a whole-ring answer (first read, a recheck)
-                newest[engine] = int(current)
-        return tuple(out), newest
+        return tuple(out)
 
     def _processes(self, key: str, handle: Any) -> dict[str, Any]:
         """resmon_gpu_processes, and with the processes collector each process's memory and
