@@ -129,7 +129,8 @@ def live(trace) -> tuple[int, int]:
 
 
 def test_a_reconfiguration_changes_the_series_and_never_diffs_two_instances(run_exporter, machine, scenario, trace):
-    exporter = run_exporter("--collect.cache-ttl=0")
+    # the MIG layout is a slow value: a reconfiguration shows within the slow interval
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.slow-interval=1s")
     exporter.wait_for(has_window)
     for _ in range(3):  # every source up to its three buffers
         exporter.scrape()
@@ -308,7 +309,7 @@ def a100_alone(mode: str) -> dict:
 def test_mig_mode_is_shown_on_every_mig_capable_gpu_on_or_off(run_exporter, scenario, trace):
     # an A100 with MIG off and an enable pending (the next reset turns it on), next to a GPU without MIG
     scenario.write(a100_alone("0:1"))
-    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.slow-interval=0")  # MIG mode read every refresh
     s = exporter.scrape()
     a100 = {"gpu": "0", "uuid": A100["uuid"]}
     assert s.value("resmon_gpu_mig_mode_enabled", mode="current", **a100) == 0

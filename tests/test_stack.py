@@ -387,7 +387,9 @@ class Stack:
         self.scenario = Scenario(root / "scenario.txt", {**machine, **self.users.scenario()})
         self.ticker = threading.Thread(target=self.tick, daemon=True)
         self.ticker.start()
-        self.exporter = Exporter(["--collect.cache-ttl=500ms", *self.users.args()],
+        # slow values every 2 s: time compressed like the rules' 30 s windows (with the default
+        # 30 s, an ECC increase can leave its window before the slowest other alert fires)
+        self.exporter = Exporter(["--collect.cache-ttl=500ms", "--collect.slow-interval=2s", *self.users.args()],
                                  nvml_env(lib, self.scenario, Trace(root / "trace")))
         self.exporter.wait_listening()
         self.webhook = Webhook()
