@@ -43,7 +43,7 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
     pcie_width=, pcie_width_max=, pcie_replays=   (each unset: that call NOT_SUPPORTED)
     field.<id>=<int>               nvmlDeviceGetFieldValues, every scopeId; UINT (valueType 1)
                                    for ids 1, 2, 31, 82, 91, 94, 142-145, 165, 185, 186, 190,
-                                   230, ULONGLONG (3) for the others
+                                   230, DOUBLE (0) for 308, ULONGLONG (3) for the others
     field.<id>@<scope>=<int>       that scopeId only; wins over the plain key (so do the
                                    @<scope> forms of the three keys below)
     field_double.<id>=<float>      stored in dVal, valueType DOUBLE (0)
@@ -65,7 +65,8 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
                                    53-58 / 114-119; 83 energy_mj (GetTotalEnergyConsumption);
                                    185/186 power_mw (GetPowerUsage), 190 power_limit_mw
                                    (GetEnforcedPowerLimit), scopeId 0 only; 94 pcie_replays
-                                   (GetPcieReplayCounter). 91 and 138-141 come from the nvlink
+                                   (GetPcieReplayCounter); 308 temperature as a DOUBLE
+                                   (GetTemperatureV; not in the old-driver build). 91 and 138-141 come from the nvlink
                                    keys. Any other id: NOT_SUPPORTED. The call returns SUCCESS
                                    (NULL array or count <= 0: INVALID_ARGUMENT); every entry
                                    gets timestamp = now (µs since the epoch), latencyUsec 0.

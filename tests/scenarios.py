@@ -8,6 +8,7 @@ from typing import Any
 from fakenvml import GIB, MIB, gpu_keys
 
 NOT_SUPPORTED = 3
+NOT_FOUND = 6
 GPU_IS_LOST = 15
 UNKNOWN = 999
 DRIVER_NOT_LOADED = 9

@@ -1159,6 +1159,18 @@ def test_power_energy_and_pcie_replay_fields_equal_their_calls(nvml):
     assert agree(hopper, [p for p in modeled_pairs(hopper) if p[0][0] == 94]) == {(94, 0): sc.HOPPER_PCIE["replays"]}
 
 
+def test_the_gpu_temperature_field_is_the_temperature_call_as_a_double(nvml):
+    values = {**sc.three_gpus(), "gpu.1.rc.nvmlDeviceGetTemperatureV": 999}
+    h0, h1, _ = nvml(values)
+    entry = fields(h0, (308, 0))[(308, 0)]
+    assert (entry.nvmlReturn, entry.valueType) == (SUCCESS, DOUBLE)
+    assert entry.value.dVal == pynvml.nvmlDeviceGetTemperatureV(h0, 0) == values["gpu.0.temperature"]
+    assert fields(h1, (308, 0))[(308, 0)].nvmlReturn == 999  # the call's override
+    (h,) = nvml({**sc.hopper_board(0), "gpu.0.temperature": 61, "gpu.0.field.308": 62})
+    entry = fields(h, (308, 0))[(308, 0)]
+    assert (entry.valueType, entry.value.dVal) == (DOUBLE, 62.0)  # a plain key, in the id's own type
+
+
 def test_modeled_fields_are_not_supported_where_their_calls_are(nvml):
     hopper, volta, consumer = nvml(sc.health_machine())
     got = agree(consumer, modeled_pairs(consumer))  # no ECC, retirement, remapping or NVLink

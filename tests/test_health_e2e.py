@@ -83,6 +83,40 @@ def test_hopper_every_value(run_exporter, machine):
         assert gpu_stamp - 60 < s.value("resmon_last_refresh_timestamp_seconds", collector=collector) <= gpu_stamp
 
 
+def test_encoder_and_decoder_gauges_take_the_sample_buffers_newest_sample_while_it_is_current(run_exporter, scenario, trace):
+    # the driver's rate is its newest sample; this board's calls answer other values, so the
+    # test tells the two sources apart
+    scenario.write({**health_machine(), "gpu.0.encoder_util": 70, "gpu.0.samples.encoder": "20",
+                    "gpu.0.decoder_util": 60, "gpu.0.samples.decoder": "30"})
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.scrape()  # past the first read (the whole ring, whose newest may be old: the calls)
+    trace.clear()
+    for _ in range(5):
+        s = exporter.scrape()
+        assert s.value("resmon_gpu_encoder_utilization_ratio", **GPU) == pytest.approx(0.2)
+        assert s.value("resmon_gpu_decoder_utilization_ratio", **GPU) == pytest.approx(0.3)
+    assert trace.count("nvmlDeviceGetEncoderUtilization", 0) == 0 and trace.count("nvmlDeviceGetDecoderUtilization", 0) == 0
+    assert trace.count("nvmlDeviceGetSamples", 0) >= 5 * 4
+    # the encoder's buffer runs dry (an idle engine): its gauge is the call's again, the decoder's stays
+    scenario.update(**{"gpu.0.samples.rc.encoder": sc.NOT_FOUND})
+    s = exporter.wait_for(lambda s: s.value("resmon_gpu_encoder_utilization_ratio", **GPU) == pytest.approx(0.7))
+    assert s.value("resmon_gpu_decoder_utilization_ratio", **GPU) == pytest.approx(0.3)
+    assert trace.count("nvmlDeviceGetEncoderUtilization", 0) >= 1
+
+def test_the_temperature_comes_from_the_field_batch_with_its_sub_degree_else_from_the_call(run_exporter, scenario, trace):
+    scenario.write({**health_machine(), "gpu.0.temperature": 54, "gpu.0.field_double.308": 54.25})
+    exporter = run_exporter("--collect.cache-ttl=0")
+    exporter.scrape()
+    trace.clear()
+    s = exporter.scrape()
+    assert s.value("resmon_gpu_temperature_celsius", **GPU) == 54.25
+    assert trace.count("nvmlDeviceGetTemperatureV", 0) == 0 and trace.count("nvmlDeviceGetTemperature", 0) == 0
+    # a driver without field 308 (its entry NOT_SUPPORTED): the call, whole degrees
+    scenario.update(**{"gpu.0.field_rc.308": NOT_SUPPORTED})
+    s = exporter.wait_for(lambda s: s.value("resmon_gpu_temperature_celsius", **GPU) == 54)
+    assert trace.count("nvmlDeviceGetTemperatureV", 0) >= 1
+
+
 def test_volta_on_an_older_driver(run_exporter, machine):
     s = run_exporter().scrape()
     assert s.value("resmon_gpu_memory_temperature_celsius", **VOLTA) == sc.VOLTA_MEMORY_TEMP

@@ -172,6 +172,7 @@ typedef struct {
 #define FIELD_POWER_AVERAGE 185
 #define FIELD_POWER_INSTANT 186
 #define FIELD_POWER_CURRENT_LIMIT 190
+#define FIELD_GPU_TEMP 308              /* the newest drivers' only: an old-driver build does not know it */
 
 #ifdef FAKE_WITH_NVML_H
 /* The ids above are the header's: a drift fails the build. */
@@ -193,6 +194,7 @@ _Static_assert(FIELD_NVLINK_DL_REPLAY == NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY &&
                NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY == 162 && FIELD_NVLINK_DL_CRC == NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
                "fields 161-163");
 _Static_assert(FIELD_NVLINK_GET_STATE == NVML_FI_DEV_NVLINK_GET_STATE, "field 165");
+_Static_assert(FIELD_GPU_TEMP == NVML_FI_DEV_GPU_TEMP, "field 308");
 _Static_assert(FIELD_POWER_AVERAGE == NVML_FI_DEV_POWER_AVERAGE && FIELD_POWER_INSTANT == NVML_FI_DEV_POWER_INSTANT &&
                FIELD_POWER_CURRENT_LIMIT == NVML_FI_DEV_POWER_CURRENT_LIMIT, "fields 185, 186, 190");
 _Static_assert(NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0 == 32 && NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L6 == 96 &&
@@ -1785,6 +1787,8 @@ static int field_natural_type(unsigned int id) {
     case FIELD_REMAPPED_FAILURE: case FIELD_NVLINK_GET_STATE: case FIELD_POWER_AVERAGE: case FIELD_POWER_INSTANT:
     case FIELD_POWER_CURRENT_LIMIT: case 230:
         return NVML_VALUE_TYPE_UNSIGNED_INT;
+    case FIELD_GPU_TEMP:
+        return NVML_VALUE_TYPE_DOUBLE; /* degrees with sub-degree precision (nvml.h) */
     default:
         return NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
     }
@@ -1890,6 +1894,12 @@ static int field_model(const fake_gpu_t *gp, unsigned int id, unsigned int scope
         fn = id == FIELD_POWER_CURRENT_LIMIT ? FN_nvmlDeviceGetEnforcedPowerLimit : FN_nvmlDeviceGetPowerUsage;
         *u = id == FIELD_POWER_CURRENT_LIMIT ? gp->power_limit_mw : gp->power_mw;
         break;
+#ifndef FAKE_OLD_DRIVER
+    case FIELD_GPU_TEMP:
+        fn = FN_nvmlDeviceGetTemperatureV;
+        *u = (unsigned long long)(long long)gp->temperature; /* a double in field_fill */
+        break;
+#endif
     case FIELD_PCIE_REPLAY_COUNTER:
         fn = FN_nvmlDeviceGetPcieReplayCounter;
         if ((*rc = opt_uint(gp->pcie_replays, &v[0])) == NVML_SUCCESS) *u = v[0];
@@ -1925,8 +1935,10 @@ static void field_fill(const fake_gpu_t *gp, nvmlFieldValue_t *e, long long now_
         d = val->d;
     } else if (val) {
         u = val->u;
+        if (natural == NVML_VALUE_TYPE_DOUBLE) d = (double)u;
     } else if (field_model(gp, e->fieldId, e->scopeId, &entry_rc, &u)) {
         /* the direct call's answer (field_model) */
+        if (natural == NVML_VALUE_TYPE_DOUBLE) d = (double)(long long)u;
     } else if (e->fieldId == FIELD_NVLINK_LINK_COUNT) {
         u = (unsigned long long)gp->nvlinks;
     } else if (e->fieldId >= FIELD_NVLINK_DATA_TX && e->fieldId <= FIELD_NVLINK_RAW_RX) {

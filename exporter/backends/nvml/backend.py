@@ -63,6 +63,7 @@ _GPU_FIELDS: tuple[nvml_fields.Request, ...] = (
     (nvml_fields.POWER_CURRENT_LIMIT, 0),
     (nvml_fields.TOTAL_ENERGY, 0),
     (nvml_fields.PCIE_REPLAY_COUNTER, 0),
+    (nvml_fields.GPU_TEMP, 0),
 )
 _XID_STOP_TIMEOUT = 1.5  # seconds; the watcher's wait is at most 0.5 s
 _CLOCK_IDS = {
@@ -125,7 +126,14 @@ def _raw_name(handle: Any) -> str:
     return buf.value.decode("utf-8", "replace")
 
 
-def _ratio_from_percent(value: int | None) -> float | None:
+def _celsius(value: float | int | None) -> float | None:
+    # -1 and out-of-range readings are the driver's "no sensor", not a temperature
+    if value is None or value == -1 or not -40 <= value <= 200:
+        return None
+    return float(value)
+
+
+def _ratio_from_percent(value: float | int | None) -> float | None:
     # all-ones and >100 readings are driver garbage (NVIDIA/DCGM #199), not 100 %
     if value is None or value > 100:
         return None
@@ -943,9 +951,6 @@ class NvmlBackend:
         if memory is not None and memory.total:  # total 0: unified-memory part, no VRAM figures
             total, used, free = memory.total, memory.used, memory.free
             reserved = getattr(memory, "reserved", None)  # v2 only
-        temperature = self._temperature(handle)
-        if temperature is not None and (temperature == -1 or not -40 <= temperature <= 200):
-            temperature = None
         clocks = []
         for clock in CLOCK_TYPES:
             hertz = _mhz_to_hertz(self._clock(handle, _CLOCK_IDS[clock]))
@@ -964,12 +969,21 @@ class NvmlBackend:
         energy = _first(fields, nvml_fields.TOTAL_ENERGY)
         if energy is None:
             energy = self._energy(handle)
-        busy = self._busy_seconds(key, handle)
+        temperature = _celsius(_first(fields, nvml_fields.GPU_TEMP))  # sub-degree, newest drivers
+        if temperature is None:
+            temperature = _celsius(self._temperature(handle))
+        busy, newest = self._busy_seconds(key, handle)
         util = self._utilization(handle)  # the gauges' own calls: the contract's source
         gpu_util, memory_util = (util.gpu, util.memory) if util is not None else (None, None)
         ask = self._health.ask
-        encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
-        decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
+        # the driver's encoder/decoder rate is its newest sample (both report over the one
+        # sample period): taken from the buffer just read while it is current, else the call
+        encoder = newest.get("encoder")
+        if encoder is None:
+            encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
+        decoder = newest.get("decoder")
+        if decoder is None:
+            decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
         part = self._read_slow(key, handle, links, fields) if slow else cached
         assert part is not None
         replays = _first(fields, nvml_fields.PCIE_REPLAY_COUNTER)
@@ -996,7 +1010,7 @@ class NvmlBackend:
             memory_reserved_bytes=reserved,
             utilization_ratio=_ratio_from_percent(gpu_util),
             memory_utilization_ratio=_ratio_from_percent(memory_util),
-            temperature_celsius=float(temperature) if temperature is not None else None,
+            temperature_celsius=temperature,
             power_watts=power / 1000.0 if power is not None else None,
             power_limit_watts=limit / 1000.0 if limit is not None else None,
             energy_joules=energy / 1000.0 if energy is not None and energy != _U64_NA else None,
@@ -1129,8 +1143,11 @@ class NvmlBackend:
             "pcie_link_width_lanes": tuple(p for p in (width, width_max) if p is not None),
         }
 
-    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[str, float], ...]:
+    def _busy_seconds(self, key: str, handle: Any) -> tuple[tuple[tuple[str, float], ...], dict[str, float]]:
+        """Busy seconds per engine, and each engine's current utilization (percent): its
+        newest sample while no newer one is due (BusyIntegrator.current)."""
         out = []
+        newest: dict[str, float] = {}
         for engine, sampling_type in _SAMPLE_TYPES.items():
             if self._samples_missing:
                 break
@@ -1155,7 +1172,10 @@ class NvmlBackend:
                     if value is not None:
                         samples.append((int(e.timeStamp), float(value)))
             out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
-        return tuple(out)
+            current = self._busy.current(key, engine)
+            if current is not None and asked:  # not after a whole-ring answer (its newest may be old)
+                newest[engine] = current
+        return tuple(out), newest
 
     def _processes(self, key: str, handle: Any) -> dict[str, Any]:
         """resmon_gpu_processes, and with the processes collector each process's memory and

@@ -62,6 +62,7 @@ class _Engine:
     looked_us: float | None = None  # monotonic time this engine was last looked at (read or not)
     verify: bool = False  # the next answer (the whole ring) tells whether the clock went on
     fresh_us: float | None = None  # monotonic time of the last answer with new samples (or compared)
+    newest_value: float | None = None  # the newest sample's value (percent): the engine's current utilization
 
     def ring_us(self) -> float:
         """How long the ring lasts, as far as known (0: not known)."""
@@ -128,6 +129,7 @@ class BusyIntegrator:
         state.total_seconds += busy_us / _US_PER_SECOND
         state.capacity = max(state.capacity, ring_len)
         state.last_us = batch[-1][0]
+        state.newest_value = batch[-1][1]
         return state.total_seconds
 
     @staticmethod
@@ -162,6 +164,19 @@ class BusyIntegrator:
         with self._lock:
             for state in self._engines.values():
                 state.looked_us = now_us
+
+    def current(self, key: str, engine: str, now: float | None = None) -> float | None:
+        """The engine's current utilization (percent): its newest sample, while that is still
+        the newest the driver has (within 1.5 x the spacing of the last answer with new
+        samples); None when not known (a ring run dry, no samples yet)."""
+        now_us = (time.monotonic() if now is None else now) * _US_PER_SECOND
+        with self._lock:
+            state = self._engines.get((key, engine))
+            if state is None or state.newest_value is None or state.fresh_us is None or state.spacing_us is None:
+                return None
+            if now_us - state.fresh_us > _GAP_FACTOR * state.spacing_us:
+                return None
+            return state.newest_value
 
     def total(self, key: str, engine: str) -> float | None:
         """The counter, or None before the first sample of that engine."""

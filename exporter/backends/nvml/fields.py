@@ -30,6 +30,7 @@ PCIE_REPLAY_COUNTER = 94
 POWER_AVERAGE = 185  # what nvmlDeviceGetPowerUsage reads on Ampere (but GA100) and newer
 POWER_INSTANT = 186  # ... and on older GPUs
 POWER_CURRENT_LIMIT = 190  # the enforced limit (nvmlDeviceGetEnforcedPowerLimit)
+GPU_TEMP = 308  # the core sensor as a double (nvmlDeviceGetTemperatureV rounds it); newest drivers
 # slow values (health and nvlink collectors)
 ECC_CURRENT, ECC_PENDING = 1, 2
 ECC_COUNTS = {(0, 0): 3, (1, 0): 4, (0, 1): 5, (1, 1): 6}  # (nvmlMemoryErrorType_t, nvmlEccCounterType_t) -> id
