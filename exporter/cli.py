@@ -155,7 +155,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, amdgpu, gpu-tracker or none."),
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
-    Flag("collect.slow-interval", 30.0, _duration(_HOUR), "Read values that change rarely (ECC, remapped rows, NVLink state and errors, PCIe link, MIG layout, identity) this often (0 = every refresh)."),
+    Flag("collect.slow-interval", 30.0, _duration(_HOUR), "Read values that change rarely (ECC, remapped rows, NVLink state and errors, PCIe link, MIG layout, UUID) this often (0 = every refresh)."),
     _collector("gpu"),
     _collector("health"),
     _collector("xid"),
