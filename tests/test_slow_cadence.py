@@ -32,9 +32,13 @@ def device(backend: NvmlBackend) -> GpuSample:
     return sample
 
 
-def ecc(s: GpuSample) -> int:
+def ecc_count(s: GpuSample, error_type: str, scope: str) -> int:
     assert s.health is not None
-    return dict(((t, sc_), n) for t, sc_, n in s.health.ecc_errors)[("corrected", "aggregate")]
+    return dict(((t, sc_), n) for t, sc_, n in s.health.ecc_errors)[(error_type, scope)]
+
+
+def ecc(s: GpuSample) -> int:
+    return ecc_count(s, "corrected", "aggregate")
 
 
 def remapped(s: GpuSample) -> int:
@@ -59,8 +63,7 @@ def fan(s: GpuSample) -> float | None:
 
 
 def ecc_volatile(s: GpuSample) -> int:
-    assert s.health is not None
-    return dict(((t, sc_), n) for t, sc_, n in s.health.ecc_errors)[("uncorrected", "volatile")]
+    return ecc_count(s, "uncorrected", "volatile")
 
 
 def ecc_pending(s: GpuSample) -> int:

@@ -850,8 +850,9 @@ class NvmlBackend:
         return key
 
     def _identify(self, index: int, handle: Any) -> str:
-        """The key of the device at index now (its UUID is read on every refresh: one cheap
-        call that catches re-enumeration), its identity read field by field until complete."""
+        """The key of the device at index now (its UUID is read on its slow reads and whenever
+        the handle is new: one cheap call that catches re-enumeration), its identity read
+        field by field until complete."""
         uuid = _text(nvml_errors.field(pynvml.nvmlDeviceGetUUID, handle))
         pci = ""
         key = uuid

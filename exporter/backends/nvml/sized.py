@@ -32,8 +32,7 @@ class Hints:
         return 0 if size is None else max(2 * size, _MIN_ROOM)
 
     def saw(self, key: str, what: str, count: int) -> None:
-        old = self._sizes.get((key, what), 0)
-        self._sizes[(key, what)] = max(old, count) if old else count
+        self._sizes[(key, what)] = max(self._sizes.get((key, what), 0), count)
 
     def forget(self, key: str | None = None) -> None:
         """A device that left (None: every device, after nvmlInit)."""

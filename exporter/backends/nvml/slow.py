@@ -1,8 +1,8 @@
 """The slow cadence (--collect.slow-interval, issue 24): values that change rarely are read
 once per interval per GPU instead of on every refresh.
 
-Slow: the identity (UUID, name, PCI bus id), max clocks, fan speed (a fan follows the
-temperature over tens of seconds), the PCIe link (generation and width, current and max),
+Slow: the UUID (which catches a re-enumeration; name, PCI bus id and max clocks are read
+once per init), fan speed (a fan follows the temperature over tens of seconds), the PCIe link (generation and width, current and max),
 ECC mode and counts, retired pages, remapped rows, NVLink state and
 error counters, and the MIG layout. Everything else is read on every refresh.
 
