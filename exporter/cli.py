@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 
 from .backends.base import BACKEND_CHOICES, BackendError
-from .config import COLLECTORS, GROUP_BY, POD_RESOURCES_SOCKET, Config
+from .config import COLLECTORS, GROUP_BY, POD_RESOURCES_SOCKET, Config, FamilyFilter
 from .version import __version__
 
 PROG = "resmon-exporter"
@@ -103,6 +103,15 @@ def _socket_path(text: str) -> str:
     return text
 
 
+def _family_pattern(flag: str) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text:
+            FamilyFilter(**{flag: text})  # compiles it: a bad pattern is an error at start
+        return text
+
+    return check
+
+
 def _bool(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -156,6 +165,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
     Flag("collect.slow-interval", 30.0, _duration(_HOUR), "Read values that change rarely (ECC, remapped rows, NVLink state and errors, PCIe link, MIG layout, UUID) this often (0 = every refresh)."),
+    Flag("metrics.include", "", _family_pattern("include"), "Serve only the families whose whole name matches this regular expression (empty = all); resmon_gpu_up, resmon_gpu_info and the collector status are always served."),
+    Flag("metrics.exclude", "", _family_pattern("exclude"), "Leave out the families whose whole name matches this regular expression; their NVML calls are not made where no other family needs them."),
     _collector("gpu"),
     _collector("health"),
     _collector("xid"),

@@ -9,8 +9,9 @@ defaults: the CLI's flags, the options' defaults and the collectors' registry re
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 GROUP_BY: tuple[str, ...] = ("process", "container")
@@ -41,6 +42,60 @@ COLLECTORS: tuple[CollectorSpec, ...] = (
 )
 COLLECTOR_NAMES: tuple[str, ...] = tuple(c.name for c in COLLECTORS)
 DEFAULT_COLLECTORS: frozenset[str] = frozenset(c.name for c in COLLECTORS if c.default)
+
+
+# Never removed by --metrics.include/exclude (the contract): a GPU's identity and up, and the
+# collector status series (alerts on a failed collector must keep working)
+ALWAYS_SERVED: frozenset[str] = frozenset({
+    "resmon_gpu_up", "resmon_gpu_info", "resmon_collector_success", "resmon_collector_duration_seconds",
+    "resmon_last_refresh_timestamp_seconds", "resmon_collector_error_info",
+})
+
+
+def _pattern(flag: str, text: str) -> re.Pattern[str] | None:
+    if not text:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"invalid {flag} pattern {text!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class FamilyFilter:
+    """--metrics.include / --metrics.exclude: regular expressions over family names, each
+    matching the whole name (anchored, as Prometheus' relabel regexes are). A family is served
+    where include is empty or matches it, and exclude is empty or does not; ALWAYS_SERVED
+    families are served regardless. A bad pattern is a ValueError (the CLI: exit 2)."""
+
+    include: str = ""
+    exclude: str = ""
+    _include: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    _exclude: re.Pattern[str] | None = field(init=False, repr=False, compare=False)
+    # name -> kept: the answer never changes, and a scrape asks about every family
+    _memo: dict[str, bool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_include", _pattern("--metrics.include", self.include))
+        object.__setattr__(self, "_exclude", _pattern("--metrics.exclude", self.exclude))
+        object.__setattr__(self, "_memo", {})
+
+    @property
+    def active(self) -> bool:
+        return self._include is not None or self._exclude is not None
+
+    def keeps(self, name: str) -> bool:
+        known = self._memo.get(name)
+        if known is None:
+            known = name in ALWAYS_SERVED or (
+                (self._include is None or self._include.fullmatch(name) is not None)
+                and (self._exclude is None or self._exclude.fullmatch(name) is None)
+            )
+            self._memo[name] = known  # a pure answer: concurrent writers write the same value
+        return known
+
+    def keeps_any(self, names: Iterable[str]) -> bool:
+        return any(self.keeps(n) for n in names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +137,7 @@ class MonitorOptions:
     sysfs: str = "/sys"
     processes: ProcessesOptions = field(default_factory=ProcessesOptions)
     kubernetes: KubernetesOptions = field(default_factory=KubernetesOptions)
+    metrics: FamilyFilter = field(default_factory=FamilyFilter)  # the families served (and read)
 
     def __post_init__(self) -> None:
         names = frozenset(self.collectors)
@@ -119,6 +175,7 @@ _KEYWORDS: dict[str, tuple[str, str]] = {
     "kubernetes_cache_ttl": ("kubernetes", "cache_ttl"),
     "pod_logs_dir": ("kubernetes", "pod_logs_dir"),
     "container_logs_dir": ("kubernetes", "container_logs_dir"),
+    "metrics": ("", "metrics"),
 }
 
 
@@ -166,6 +223,8 @@ class Config:
     collect_cache_ttl: float
     collect_timeout: float
     collect_slow_interval: float
+    metrics_include: str
+    metrics_exclude: str
     collector_gpu: bool
     collector_health: bool
     collector_xid: bool
@@ -205,4 +264,5 @@ class Config:
                 pod_logs_dir=self.kubernetes_pod_logs_dir,
                 container_logs_dir=self.kubernetes_container_logs_dir,
             ),
+            metrics=FamilyFilter(self.metrics_include, self.metrics_exclude),
         )

@@ -207,7 +207,7 @@ def _gpu_options(options: MonitorOptions) -> GpuOptions:
     return GpuOptions(
         health=on("health"), nvlink=on("nvlink"), xid=on("xid"), processes=on("processes"),
         profiling=on("profiling"), mig=on("mig"), mig_devices=on("kubernetes"), sysfs=options.sysfs,
-        slow_interval=options.slow_interval,
+        slow_interval=options.slow_interval, metrics=options.metrics,
     )
 
 
@@ -328,6 +328,17 @@ class ResourceMonitor:
                 self._refreshing = False
                 self._cond.notify_all()
         return snap
+
+    def host_snapshot(self) -> Snapshot:
+        """The host part alone (/metrics?collect[]=host): the current snapshot while it is
+        younger than the TTL, else a host read of its own, which reads no GPU and is not
+        cached (the next full snapshot still reads the GPUs)."""
+        with self._cond:
+            snap = self._snapshot
+        if snap is not None and time.monotonic() - snap.taken_monotonic < self._ttl:
+            return snap
+        host, host_status = self._read_host()
+        return Snapshot(gpu=None, gpu_status=None, host=host, host_status=host_status, taken_monotonic=time.monotonic())
 
     def _late(self, snap: Snapshot | None, started: float) -> Snapshot:
         """For a caller whose deadline passed while another caller's refresh ran: the last

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
+from ..config import FamilyFilter
 from ..samples import GpuReading
 
 BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "amdgpu", "gpu-tracker", "none")
@@ -18,7 +19,8 @@ class GpuOptions:
     profiling/mig);
     mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
     sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend;
-    slow_interval: seconds between reads of the values that change rarely (NVML: slow.py)."""
+    slow_interval: seconds between reads of the values that change rarely (NVML: slow.py);
+    metrics: the families served (the NVML backend skips the reads of those left out)."""
 
     health: bool = True
     nvlink: bool = True
@@ -29,6 +31,7 @@ class GpuOptions:
     mig_devices: bool = False
     sysfs: str = "/sys"
     slow_interval: float = 30.0  # --collect.slow-interval: how often rarely changing values are read
+    metrics: FamilyFilter = field(default_factory=FamilyFilter)  # --metrics.include/exclude (NVML: wanted.py)
 
 
 class BackendError(Exception):

@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..config import COLLECTORS, CollectorSpec
+from ..config import COLLECTORS, CollectorSpec, FamilyFilter
 from ..monitor import ResourceMonitor
 from ..samples import CollectorStatus, Snapshot
 from . import gpu, health, host, kubernetes, mig, nvlink, processes, profiling, status, xid
@@ -58,13 +58,20 @@ DECLARED_WHEN_EMPTY = (
 )
 
 
-def snapshot_families(snap: Snapshot, group_by: str = "process", max_per_gpu: int = 64) -> Iterator[Metric]:
+def snapshot_families(
+    snap: Snapshot, group_by: str = "process", max_per_gpu: int = 64,
+    metrics: FamilyFilter | None = None, collectors: frozenset[str] | None = None,
+) -> Iterator[Metric]:
+    """The snapshot's families. metrics: --metrics.include/exclude; collectors: only these
+    collectors and their status series (/metrics?collect[]=...; None: all)."""
     scrape = Scrape.of(snap, group_by, max_per_gpu)
-    statuses = [(r.spec.name, s) for r in REGISTRY if (s := r.status(scrape)) is not None]
+    chosen = [r for r in REGISTRY if collectors is None or r.spec.name in collectors]
+    statuses = [(r.spec.name, s) for r in chosen if (s := r.status(scrape)) is not None]
+    keeps = metrics.keeps if metrics is not None and metrics.active else None
     # the collectors, then the exporter's own families (served on every scrape)
-    for families in (*(r.serve(scrape) for r in REGISTRY), status.families(scrape, statuses)):
+    for families in (*(r.serve(scrape) for r in chosen), status.families(scrape, statuses)):
         for family in families:
-            if family.samples or family.name in DECLARED_WHEN_EMPTY:
+            if (family.samples or family.name in DECLARED_WHEN_EMPTY) and (keeps is None or keeps(family.name)):
                 yield family
 
 
@@ -85,12 +92,15 @@ class ResourceCollector(Collector):
             else:
                 yield GaugeMetricFamily(name, "")
 
-    def families(self, snap: Snapshot) -> list[Metric]:
-        """The families of one given snapshot: the HTTP router renders a pinned snapshot
-        through this, so one scrape reads one snapshot."""
-        # how process series are grouped is the monitor's setting (any object with snapshot() works)
+    def families(self, snap: Snapshot, collectors: frozenset[str] | None = None) -> list[Metric]:
+        """The families of one given snapshot (of these collectors only; None: all): the HTTP
+        router renders a pinned snapshot through this, so one scrape reads one snapshot."""
+        # how process series are grouped, and which families are served, are the monitor's
+        # settings (any object with snapshot() works)
         group_by = getattr(self._monitor, "processes_group_by", "process")
-        return list(snapshot_families(snap, group_by, getattr(self._monitor, "processes_max_per_gpu", 64)))
+        options = getattr(self._monitor, "options", None)
+        metrics = getattr(options, "metrics", None)
+        return list(snapshot_families(snap, group_by, getattr(self._monitor, "processes_max_per_gpu", 64), metrics, collectors))
 
     def collect(self) -> Iterable[Metric]:
         return self.families(self._monitor.snapshot())

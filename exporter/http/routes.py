@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..collectors.registry import ResourceCollector
+from ..config import COLLECTOR_NAMES, FamilyFilter
 from ..monitor import ResourceMonitor
 from ..samples import Snapshot
 from ..version import __version__
@@ -175,16 +176,16 @@ def gzip_accepted(header: str | None) -> bool:
 
 class RenderCache:
     """Rendered expositions of the current snapshot, one per format (text or OpenMetrics,
-    gzip or not). A scrape inside the cache window then costs a lookup instead of a render;
+    gzip or not) and collect[] selection. A scrape inside the cache window then costs a lookup instead of a render;
     a new snapshot drops them all. The client library's process_* and python_* values are
     therefore as old as the snapshot (at most --collect.cache-ttl)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
-        self._bodies: dict[tuple[str, bool], bytes] = {}
+        self._bodies: dict[tuple[str, bool, frozenset[str] | None], bytes] = {}
 
-    def get(self, snap: Snapshot, key: tuple[str, bool], render: Callable[[], bytes]) -> bytes:
+    def get(self, snap: Snapshot, key: tuple[str, bool, frozenset[str] | None], render: Callable[[], bytes]) -> bytes:
         with self._lock:
             if self._snap is snap and key in self._bodies:
                 return self._bodies[key]
@@ -205,10 +206,13 @@ class PinnedExposition:
     defaults: tuple[Collector, ...]
     families: tuple[Metric, ...]
     names: frozenset[str] | None = None
+    keeps: Callable[[str], bool] | None = None  # --metrics.include/exclude over the defaults' families
 
     def _all(self) -> Iterator[Metric]:
         for collector in self.defaults:
-            yield from collector.collect()
+            for metric in collector.collect():
+                if self.keeps is None or self.keeps(metric.name):
+                    yield metric
         yield from self.families
 
     def collect(self) -> Iterable[Metric]:
@@ -239,6 +243,11 @@ class Router:
         self._renderer = Renderer()  # its label strings are reused from scrape to scrape
         self._telemetry_path = telemetry_path
         self._landing = landing_page(telemetry_path)
+        options = getattr(monitor, "options", None)
+        metrics: FamilyFilter | None = getattr(options, "metrics", None)
+        self._keeps = metrics.keeps if metrics is not None and metrics.active else None
+        enabled = getattr(options, "collectors", None)
+        self._enabled = frozenset(COLLECTOR_NAMES if enabled is None else enabled)
         self._routes = {
             telemetry_path: Route.TELEMETRY,
             "/": Route.LANDING,
@@ -265,22 +274,41 @@ class Router:
             return plain(200, "resmon-exporter is ready.")
         return plain(503, "resmon-exporter is not ready: first refresh pending.")
 
+    def _collectors(self, asked: list[str] | None) -> frozenset[str] | str | None:
+        """collect[]=NAME (node_exporter's): the collectors asked for, None for all, or the
+        400 answer's text for a name that is unknown or turned off by its flag."""
+        if not asked:
+            return None
+        for name in asked:
+            if name not in COLLECTOR_NAMES:
+                return f"400 unknown collector {name!r} in collect[] (collectors: {', '.join(COLLECTOR_NAMES)})"
+            if name not in self._enabled:
+                return f"400 collector {name!r} in collect[] is disabled (--no-collector.{name})"
+        return frozenset(asked)
+
     def _metrics(self, request: Request) -> Response:
         content_type = negotiate(request.header("accept"))
         encoder = self._renderer.openmetrics if content_type == OPENMETRICS else self._renderer.text
         compress = gzip_accepted(request.header("accept-encoding"))
-        names = parse_qs(request.query).get("name[]")
-        snap = self._monitor.snapshot(request.deadline)
+        query = parse_qs(request.query)
+        names = query.get("name[]")
+        collectors = self._collectors(query.get("collect[]"))
+        if isinstance(collectors, str):
+            return plain(400, collectors)
+        # a scrape of the host alone reads no GPU (two jobs at two intervals cost what each asks)
+        gpu = collectors is None or bool(collectors - {"host"})
+        snap = self._monitor.snapshot(request.deadline) if gpu else self._monitor.host_snapshot()
 
         def render(only: frozenset[str] | None = None) -> bytes:
-            exposition = PinnedExposition(self._defaults, tuple(self._resources.families(snap)), only)
+            families = tuple(self._resources.families(snap, collectors))
+            exposition = PinnedExposition(self._defaults, families, only, self._keeps)
             out = encoder(exposition.collect())
             return gzip.compress(out) if compress else out
 
         if names:
             body = render(frozenset(names))
         else:
-            body = self._cache.get(snap, (content_type, compress), render)
+            body = self._cache.get(snap, (content_type, compress, collectors), render)
         headers: tuple[tuple[str, str], ...] = (("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding"))
         if compress:
             headers += (("Content-Encoding", "gzip"),)

@@ -48,22 +48,23 @@ from .health import SLOW_RECHECK, HealthReader
 from .mig import MigLayout, MigReader
 from .slow import Cadence, SlowPart
 from .workers import DeviceWorker, HandleCache, Starts, device_limit
+from .wanted import Wanted
 from .xid import XidWatcher
 
 _U32_NA, _U64_NA = nvml_fields.U32_NA, nvml_fields.U64_NA
 _SAMPLE_TYPES = dict(zip(BUSY_ENGINES, (1, 2, 3, 4)))  # nvmlSamplingType_t: GPU, MEMORY, ENC, DEC
 # Field values read in every device's one batch (the health and nvlink ones are added when on).
-_GPU_FIELDS: tuple[nvml_fields.Request, ...] = (
-    (nvml_fields.MEMORY_TEMP, 0),
-    *((fid, 0) for _, fid, _ in nvml_fields.CLOCK_EVENT_FIELDS),
-    (nvml_fields.PCIE_COUNT_TX_BYTES, 0),
-    (nvml_fields.PCIE_COUNT_RX_BYTES, 0),
-    (nvml_fields.POWER_AVERAGE, 0),
-    (nvml_fields.POWER_INSTANT, 0),
-    (nvml_fields.POWER_CURRENT_LIMIT, 0),
-    (nvml_fields.TOTAL_ENERGY, 0),
-    (nvml_fields.PCIE_REPLAY_COUNTER, 0),
-    (nvml_fields.GPU_TEMP, 0),
+_GPU_FIELDS: tuple[tuple[nvml_fields.Request, str], ...] = (  # with the read (wanted.py) each serves
+    ((nvml_fields.MEMORY_TEMP, 0), "memory_temperature"),
+    *(((fid, 0), "clock_events") for _, fid, _ in nvml_fields.CLOCK_EVENT_FIELDS),
+    ((nvml_fields.PCIE_COUNT_TX_BYTES, 0), "pcie_bytes"),
+    ((nvml_fields.PCIE_COUNT_RX_BYTES, 0), "pcie_bytes"),
+    ((nvml_fields.POWER_AVERAGE, 0), "power"),
+    ((nvml_fields.POWER_INSTANT, 0), "power"),
+    ((nvml_fields.POWER_CURRENT_LIMIT, 0), "power_limit"),
+    ((nvml_fields.TOTAL_ENERGY, 0), "energy"),
+    ((nvml_fields.PCIE_REPLAY_COUNTER, 0), "pcie_replays"),
+    ((nvml_fields.GPU_TEMP, 0), "temperature"),
 )
 _XID_STOP_TIMEOUT = 1.5  # seconds; the watcher's wait is at most 0.5 s
 _CLOCK_IDS = {
@@ -177,7 +178,10 @@ class NvmlBackend:
         forget_after: float = DEPARTED_SECONDS,
     ) -> None:
         self._log = log
-        options = options or GpuOptions()
+        # the reads --metrics.include/exclude leave to make; collectors left with none are off
+        self._wanted = Wanted.of((options or GpuOptions()).metrics)
+        options = self._wanted.options(options or GpuOptions())
+        self._gpu_fields = tuple(r for r, read in _GPU_FIELDS if read in self._wanted)
         # the slow cadence (slow.py): which GPUs read their slow part in a refresh, and the
         # parts as last read (both the reader's; workers only read _slow_parts)
         self._cadence = Cadence(options.slow_interval)
@@ -196,7 +200,7 @@ class NvmlBackend:
         self._ident_lock = threading.Lock()
         self._close_lock = threading.Lock()  # workers ending after close() finish a pending shutdown once
         self._released = threading.Event()  # after close(): nothing is left inside this init of NVML
-        self._options = options or GpuOptions()
+        self._options = options
         self._explicit = explicit
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -947,48 +951,49 @@ class NvmlBackend:
         read's). Returns the sample and the slow part read now (None: served from before)."""
         cached = self._slow_parts.get(key)
         slow = slow or cached is None
+        wanted = self._wanted  # a read whose every family is left out is not made (wanted.py)
         total = used = free = reserved = None
-        memory = self._memory(handle)
+        memory = self._memory(handle) if "memory" in wanted else None
         if memory is not None and memory.total:  # total 0: unified-memory part, no VRAM figures
             total, used, free = memory.total, memory.used, memory.free
             reserved = getattr(memory, "reserved", None)  # v2 only
         clocks = []
-        for clock in CLOCK_TYPES:
+        for clock in CLOCK_TYPES if "clocks" in wanted else ():
             hertz = _mhz_to_hertz(self._clock(handle, _CLOCK_IDS[clock]))
             if hertz is not None:
                 clocks.append((clock, hertz))
-        pstate = self._pstate(handle)
-        reasons = self._throttle(handle)
+        pstate = self._pstate(handle) if "pstate" in wanted else None
+        reasons = self._throttle(handle) if "throttle" in wanted else None
         links = self._link_count(key, handle)
         fields = self._batch(key, handle, links, slow)
         power = _u32(_first(fields, nvml_fields.POWER_AVERAGE, nvml_fields.POWER_INSTANT))
-        if power is None:
+        if power is None and "power" in wanted:
             power = _u32(self._power(handle))
         limit = _u32(_first(fields, nvml_fields.POWER_CURRENT_LIMIT))
-        if limit is None:
+        if limit is None and "power_limit" in wanted:
             limit = _u32(self._power_limit(handle))
         energy = _first(fields, nvml_fields.TOTAL_ENERGY)
-        if energy is None:
+        if energy is None and "energy" in wanted:
             energy = self._energy(handle)
         temperature = _celsius(_first(fields, nvml_fields.GPU_TEMP))  # sub-degree, newest drivers
-        if temperature is None:
+        if temperature is None and "temperature" in wanted:
             temperature = _celsius(self._temperature(handle))
-        busy, newest = self._busy_seconds(key, handle)
-        util = self._utilization(handle)  # the gauges' own calls: the contract's source
+        busy, newest = self._busy_seconds(key, handle) if "busy" in wanted else ((), {})
+        util = self._utilization(handle) if "utilization" in wanted else None  # the gauges' own calls: the contract's source
         gpu_util, memory_util = (util.gpu, util.memory) if util is not None else (None, None)
         ask = self._health.ask
         # the driver's encoder/decoder rate is its newest sample (both report over the one
         # sample period): taken from the buffer just read while it is current, else the call
         encoder = newest.get("encoder")
-        if encoder is None:
+        if encoder is None and "encoder" in wanted:
             encoder = self._engine_percent(ask(key, "encoder", self._encoder, handle))
         decoder = newest.get("decoder")
-        if decoder is None:
+        if decoder is None and "decoder" in wanted:
             decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
         part = self._read_slow(key, handle, links, fields) if slow else cached
         assert part is not None
         replays = _first(fields, nvml_fields.PCIE_REPLAY_COUNTER)
-        if replays is None:
+        if replays is None and "pcie_replays" in wanted:
             replays = ask(key, "pcie_replays", self._pcie_replays, handle)
         memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
         out: dict[str, Any] = {}
@@ -996,7 +1001,7 @@ class NvmlBackend:
             out["health"] = dataclasses.replace(part.health, recovery_action=self._health.recovery_action(fields))
         if links:
             out["nvlinks"] = self._health.link_traffic(part.links, links, fields)
-        if self._gpm is not None:
+        if self._gpm is not None and wanted.gpm:
             clock = time.perf_counter()
             if self._gpm.supported(key, handle, ask):
                 out["profiling"] = self._gpm.read(key, handle, ask)
@@ -1023,7 +1028,7 @@ class NvmlBackend:
             encoder_utilization_ratio=_ratio_from_percent(encoder),
             decoder_utilization_ratio=_ratio_from_percent(decoder),
             busy_seconds=busy,
-            clock_event_seconds=self._clock_events(key, handle, fields),
+            clock_event_seconds=self._clock_events(key, handle, fields) if "clock_events" in wanted else (),
             pcie_bytes=self._pcie_bytes(key, fields),
             pcie_link_generation=part.pcie_link_generation,
             pcie_link_width_lanes=part.pcie_link_width_lanes,
@@ -1052,14 +1057,18 @@ class NvmlBackend:
     def _batch(self, key: str, handle: Any, links: int, slow: bool) -> nvml_fields.Values | dict[nvml_fields.Request, float | int]:
         """The one field-value call of this GPU and refresh: the fast fields, and the slow
         ones when slow. An empty answer is kept: it still says which entries failed."""
-        requests = list(_GPU_FIELDS)
-        if self._options.health:
+        wanted = self._wanted
+        requests = list(self._gpu_fields)
+        if self._options.health and "recovery" in wanted:
             requests.append((nvml_fields.GPU_RECOVERY_ACTION, 0))
-        requests += self._health.link_requests(links)
+        if "nvlink_bytes" in wanted:
+            requests += self._health.link_requests(links)
         if slow:
             if self._options.health:
-                requests += self._health.health_requests()
-            requests += self._health.link_slow_requests(links)
+                requests += self._health.health_requests(wanted.reads)
+            requests += self._health.link_slow_requests(links, "nvlink_state" in wanted, "nvlink_errors" in wanted)
+        if not requests:
+            return {}  # every family of the batch left out: no call
         answer = self._fields_of(key, handle, requests)
         return {} if answer is None else answer
 
@@ -1067,14 +1076,15 @@ class NvmlBackend:
         """The slow values of one GPU (slow.py), read now."""
         self._health.begin_slow()
         clock = time.perf_counter()
-        health = self._health.health(key, handle, fields) if self._options.health else None
+        health = self._health.health(key, handle, fields, self._wanted.reads) if self._options.health else None
         self._spent("health", time.perf_counter() - clock)
         clock = time.perf_counter()
-        state = self._health.link_state(key, handle, links, fields) if links else ()
+        wanted = self._wanted
+        state = self._health.link_state(key, handle, links, fields, "nvlink_state" in wanted, "nvlink_errors" in wanted) if links else ()
         self._spent("nvlink", time.perf_counter() - clock)
-        pcie = self._pcie(key, handle)
+        pcie = self._pcie(key, handle) if "pcie_link" in wanted else {}
         layout = self._read_mig_layout(key, handle)
-        fan = _u32(self._fan(handle))
+        fan = _u32(self._fan(handle)) if "fan" in wanted else None
         return SlowPart(
             read_at=time.time(),
             fan_speed_ratio=fan / 100.0 if fan is not None else None,  # may exceed 1 (NVML docs)
@@ -1182,6 +1192,8 @@ class NvmlBackend:
         """resmon_gpu_processes, and with the processes collector each process's memory and
         utilization. A process in both lists is one process (gpustat #84), its memory the
         larger of the two entries (the same allocation, reported twice)."""
+        if not (self._options.processes or "process_count" in self._wanted):
+            return {"processes": None}
         compute = self._compute_procs(key, handle)
         graphics = self._graphics_procs(key, handle)
         if compute is None and graphics is None:
@@ -1192,10 +1204,10 @@ class NvmlBackend:
             used = None if used is None or used == _U64_NA else int(used)
             if pid not in memory or (used is not None and (memory[pid] is None or used > memory[pid])):  # type: ignore[operator]
                 memory[pid] = used
-        out: dict[str, Any] = {"processes": len(memory)}
+        out: dict[str, Any] = {"processes": len(memory) if "process_count" in self._wanted else None}
         if self._options.processes:
             clock = time.perf_counter()
-            ratios = self._process_utilization(key, handle, set(memory))
+            ratios = self._process_utilization(key, handle, set(memory)) if "process_utilization" in self._wanted else None
             out["process_list"] = tuple(
                 GpuProcess(pid, used, ratios.get(pid, ()) if ratios is not None else ()) for pid, used in sorted(memory.items())
             )
@@ -1273,7 +1285,8 @@ class NvmlBackend:
         try:
             def fail() -> None:
                 self._health.fail("mig")
-            out["mig"], gpm_seconds, stale = self._mig.state(key, handle, self._health.ask, fail, self._gpm, layout, self._memory)
+            gpm = self._gpm if self._wanted.mig_gpm else None
+            out["mig"], gpm_seconds, stale = self._mig.state(key, handle, self._health.ask, fail, gpm, layout, self._memory)
             if stale:
                 self._job.reread = True  # an instance's handle failed: the layout is read again next refresh
         finally:  # counted even when the GPU went down inside it

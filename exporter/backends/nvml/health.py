@@ -25,11 +25,14 @@ _ECC_TYPES = (("corrected", 0), ("uncorrected", 1))  # nvmlMemoryErrorType_t
 _ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # nvmlEccCounterType_t
 _RETIREMENT_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # nvmlPageRetirementCause_t
 _NVLINK_ERRORS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))  # nvmlNvLinkErrorCounter_t
-# ECC mode and counts, retired pages, remapped rows: the field ids of one slow batch
-_HEALTH_FIELDS = (
-    nvml_fields.ECC_CURRENT, nvml_fields.ECC_PENDING, *nvml_fields.ECC_COUNTS.values(),
-    *nvml_fields.RETIRED_PAGES.values(), nvml_fields.RETIRED_PENDING, *nvml_fields.REMAPPED,
-)
+# ECC mode and counts, retired pages, remapped rows: the field ids of one slow batch, by the
+# read (backends/nvml/wanted.py) each serves
+_HEALTH_FIELDS: dict[str, tuple[int, ...]] = {
+    "ecc": (nvml_fields.ECC_CURRENT, nvml_fields.ECC_PENDING, *nvml_fields.ECC_COUNTS.values()),
+    "retired": (*nvml_fields.RETIRED_PAGES.values(), nvml_fields.RETIRED_PENDING),
+    "remapped": tuple(nvml_fields.REMAPPED),
+}
+_ALL_READS = frozenset(_HEALTH_FIELDS)
 _RECOVERY_ACTION_MAX = 255  # enum values 0..7 today; anything larger is garbage
 UNSUPPORTED_RECHECK = 60.0  # seconds a NOT_SUPPORTED answer is trusted before asking again
 # ... for a slow value's call (slow.py), asked only where its field entry did not answer:
@@ -143,13 +146,17 @@ class HealthReader:
         failed, self._failed = self._failed, set()
         return failed
 
-    def health_requests(self) -> list[nvml_fields.Request]:
-        """The slow health values' field ids, read in the device's one batch."""
-        return [(fid, 0) for fid in _HEALTH_FIELDS]
+    def health_requests(self, reads: frozenset[str] = _ALL_READS) -> list[nvml_fields.Request]:
+        """The slow health values' field ids, read in the device's one batch (of the reads wanted)."""
+        return [(fid, 0) for read, ids in _HEALTH_FIELDS.items() if read in reads for fid in ids]
 
-    def health(self, key: str, handle: Any, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> GpuHealth:
+    def health(
+        self, key: str, handle: Any, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int],
+        reads: frozenset[str] = _ALL_READS,
+    ) -> GpuHealth:
         """ECC, retired pages and remapped rows (slow values; recovery_action is filled in per
-        refresh): from the batch, each value its own call where its entry did not answer."""
+        refresh): from the batch, each value its own call where its entry did not answer.
+        reads: which of ecc, retired, remapped to read (the others are left out, no call)."""
         ask = self.ask
 
         def field(fid: int) -> int | None:
@@ -159,7 +166,7 @@ class HealthReader:
         ecc_enabled: list[tuple[str, int]] = []
         ecc_errors: list[tuple[str, str, int]] = []
         current, pending = _flag(field(nvml_fields.ECC_CURRENT)), _flag(field(nvml_fields.ECC_PENDING))
-        if current is None or pending is None:
+        if "ecc" in reads and (current is None or pending is None):
             mode = ask(key, "ecc_mode", self._ecc_mode, handle, part="health", recheck=SLOW_RECHECK)
             if mode is not None:
                 current, pending = (_flag(m) for m in mode)
@@ -173,7 +180,7 @@ class HealthReader:
                     if count is not None and count != nvml_fields.U64_NA:
                         ecc_errors.append((type_name, scope_name, int(count)))
         retired: list[tuple[str, int]] = []
-        for cause, cause_id in _RETIREMENT_CAUSES:
+        for cause, cause_id in _RETIREMENT_CAUSES if "retired" in reads else ():
             pages = field(nvml_fields.RETIRED_PAGES[cause_id])
             if pages is None:
                 listed = ask(key, f"retired.{cause_id}", self._retired, handle, cause_id, part="health", recheck=SLOW_RECHECK)
@@ -188,9 +195,9 @@ class HealthReader:
         remapped: list[tuple[str, int]] = []
         remap_pending = remap_failed = None
         rows: Any = tuple(field(fid) for fid in nvml_fields.REMAPPED)
-        if None in rows:
+        if None in rows and "remapped" in reads:
             rows = ask(key, "remapped", self._remapped, handle, part="health", recheck=SLOW_RECHECK)
-        if rows is not None:
+        if rows is not None and None not in rows:
             corrected, uncorrected, is_pending, failed = rows
             remapped = [("correctable", int(corrected)), ("uncorrectable", int(uncorrected))]
             remap_pending, remap_failed = _flag(is_pending), _flag(failed)
@@ -240,28 +247,34 @@ class HealthReader:
         """The links' traffic counters (fast: every refresh)."""
         return [(fid, link) for link in range(count) for fid in (nvml_fields.NVLINK_THROUGHPUT_DATA_TX, nvml_fields.NVLINK_THROUGHPUT_DATA_RX)]
 
-    def link_slow_requests(self, count: int) -> list[nvml_fields.Request]:
-        """The links' state and error counters (slow): every link by scope, CRC data through
-        the per-link legacy ids, which exist for links 0..11 only."""
-        out = []
+    def link_slow_requests(self, count: int, state: bool = True, errors: bool = True) -> list[nvml_fields.Request]:
+        """The links' state and error counters (slow; each where wanted): every link by scope,
+        CRC data through the per-link legacy ids, which exist for links 0..11 only."""
+        out: list[nvml_fields.Request] = []
         for link in range(count):
-            out.append((nvml_fields.NVLINK_GET_STATE, link))
+            if state:
+                out.append((nvml_fields.NVLINK_GET_STATE, link))
+            if not errors:
+                continue
             out.extend((fid, link) for fid in nvml_fields.NVLINK_DL_ERRORS.values())
             legacy = nvml_fields.nvlink_crc_data_field(link)
             if legacy is not None:
                 out.append((legacy, 0))
         return out
 
-    def link_state(self, key: str, handle: Any, count: int, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int]) -> tuple[NvLinkSample, ...]:
-        """Each link's state and error counters (slow values), each from its field where that
-        entry answered, else its own call."""
+    def link_state(
+        self, key: str, handle: Any, count: int, fields: nvml_fields.Values | dict[nvml_fields.Request, float | int],
+        state_wanted: bool = True, errors_wanted: bool = True,
+    ) -> tuple[NvLinkSample, ...]:
+        """Each link's state and error counters (slow values; each where wanted), each from its
+        field where that entry answered, else its own call."""
         links = []
         for link in range(count):
             state = fields.get((nvml_fields.NVLINK_GET_STATE, link))
-            if state is None:
+            if state is None and state_wanted:
                 state = self.ask(key, f"nvlink_state.{link}", self._link_state, handle, link, part="nvlink", recheck=SLOW_RECHECK)
             errors = []
-            for name, counter in _NVLINK_ERRORS:
+            for name, counter in _NVLINK_ERRORS if errors_wanted else ():
                 fid = nvml_fields.NVLINK_DL_ERRORS.get(name)
                 value = fields.get((fid, link)) if fid is not None else None
                 if value is None and name == "crc_data":
