@@ -303,6 +303,7 @@ class ProcessSample:
     container: str
     memory_bytes: int | None
     utilization: tuple[tuple[str, float], ...]  # (engine, ratio); empty where unsupported
+    job_id: str = ""  # the Slurm job, from the cgroup; last and defaulted: callers name the others
 
 
 @dataclass(frozen=True, slots=True)

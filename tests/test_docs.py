@@ -7,12 +7,14 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from resmon_exporter.cli import FLAGS
 from resmon_exporter.collectors.registry import FAMILIES
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine, profiling_machine
+from workloads import procfs_tree
 
 DOC = REPO / "docs" / "metrics.md"
 SPEC = REPO.parent / "shared" / "spec" / "metrics.md"
@@ -36,16 +38,21 @@ def test_docs_list_exactly_the_collectors_families():
         assert kind == FAMILIES[name], name
 
 
-def test_docs_match_a_full_scrape(run_exporter, scenario, tmp_path):
-    # every family some board answers, v1 and v2, with this test's own process on GPU 0 and
-    # a kubelet that assigned GPU 0 to a pod
-    scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}"})
+def test_docs_match_a_full_scrape(run_exporter, scenario, workloads, tmp_path):
+    # every family some board answers, v1 and v2, with this test's own process on GPU 0, a
+    # Slurm job's process on GPU 1 and a kubelet that assigned GPU 0 to a pod
+    job = workloads.start("srunstep")
+    proc = procfs_tree(tmp_path / "proc", {
+        os.getpid(): Path("/proc/self/cgroup").read_text(),
+        job: "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n",
+    })
+    scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}", "gpu.1.processes": f"{job}:{GIB}"})
     directory = short_socket_dir()
     kubelet = FakeKubelet(os.path.join(directory, "kubelet.sock"))
     kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])])]
     kubelet.start()
     try:
-        served, s = _full_scrape(run_exporter, scenario, kubelet.socket_path)
+        served, s = _full_scrape(run_exporter, scenario, kubelet.socket_path, proc)
     finally:
         kubelet.stop()
         shutil.rmtree(directory, ignore_errors=True)
@@ -86,8 +93,8 @@ def _profiling_scrape(run_exporter, scenario):
     return exporter.wait_for(lambda s: s.has("resmon_gpu_fp16_active_ratio") and s.has("resmon_gpu_mig_fp16_active_ratio"))
 
 
-def _full_scrape(run_exporter, scenario, socket_path: str):
-    exporter = run_exporter("--collector.processes", f"--kubernetes.pod-resources-socket={socket_path}")
+def _full_scrape(run_exporter, scenario, socket_path: str, proc: Path):
+    exporter = run_exporter("--collector.processes", f"--path.procfs={proc}", f"--kubernetes.pod-resources-socket={socket_path}")
     exporter.wait_ready()  # before the first GPU read a scrape has no GPU families
     exporter.wait_for(lambda s: s.has("resmon_collector_success", collector="xid"))  # registered
     scenario.update(xid_events=f"{board_uuid('hopper', 0)}:79")  # XID series appear at their first event

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from workloads import CID, CID2, HOST, UID, UID2, Workloads, crio, pod_logs, pro
 
 MEMORY = "resmon_gpu_process_memory_used_bytes"
 UTIL = "resmon_gpu_process_utilization_ratio"
+JOB = "resmon_gpu_job_info"
 ROOT = os.geteuid() == 0
 
 
@@ -63,7 +65,9 @@ def test_real_processes_with_their_comm_user_memory_and_utilization(run_exporter
     series = s.series(MEMORY, gpu="0")
     assert [(l["pid"], l["process"], l["user"], v) for l, v in series] == [(str(trainer), "trainer", me, GIB)]
     labels = series[0][0]
-    assert set(labels) == {"gpu", "uuid", "pid", "process", "user", "container_id", "pod_uid", "namespace", "pod", "container"}
+    assert set(labels) == {"gpu", "uuid", "pid", "process", "user", "container_id", "pod_uid", "namespace", "pod", "container",
+                           "job_id"}
+    assert labels["job_id"] == "" and not s.series(JOB)  # not in a Slurm job
     assert labels["uuid"] == board_uuid("hopper", 0) and labels["namespace"] == labels["pod"] == labels["container"] == ""
     assert s.value(UTIL, pid=str(trainer), engine="sm") == pytest.approx(0.60)
     assert s.value(UTIL, pid=str(trainer), engine="memory") == pytest.approx(0.30)
@@ -143,6 +147,99 @@ def test_group_by_container_sums_a_containers_processes(run_exporter, scenario, 
     assert all("pid" not in l and "process" not in l and "user" not in l for l, _ in s.series(MEMORY))
     assert s.value(UTIL, container_id=CID, engine="sm") == 1.0  # 0.6 + 0.7, one engine: at most 1
     promtool_clean(s.text)
+
+
+def slurm_v2(job: str, step: str) -> str:
+    """What slurmstepd's cgroup/v2 plugin makes for a task of a job step."""
+    return f"0::/system.slice/slurmstepd.scope/job_{job}/step_{step}/user/task_0\n"
+
+
+def slurm_v1(uid: int, job: str, step: str) -> str:
+    """cgroup/v1: the job in the controllers slurmd constrains, the rest in slurmd's service."""
+    path = f"/slurm/uid_{uid}/job_{job}/step_{step}"
+    return f"12:pids:/system.slice/slurmd.service\n9:memory:{path}\n6:devices:{path}\n4:freezer:{path}\n"
+
+
+def two_gpus(**per_gpu: str) -> dict[str, object]:
+    return {"count": 2, **{f"gpu.{i}.uuid": board_uuid("hopper", i) for i in range(2)},
+            **{f"gpu.{k.removeprefix('gpu')}.processes": v for k, v in per_gpu.items()}}
+
+
+def slurm_machine(tmp_path: Path, workloads: Workloads) -> tuple[dict[str, int], Path, str]:
+    """Two jobs' steps on cgroup v2, a v1 job run by another user (nobody, as root), a job
+    array's task and a host process; the owner of the v1 job."""
+    other = 65534 if ROOT else None
+    pids = {
+        "batch": workloads.start("batchscript"),  # job 42's batch step, on GPU 0
+        "step": workloads.start("srunstep"),  # job 42's step 0, on GPU 1
+        "extern": workloads.start("sshsession", uid=other),  # job 43's extern step (pam_slurm_adopt), cgroup v1
+        "array": workloads.start("arraytask"),  # array job 1234's task 7: its own job id, 1235
+        "host": workloads.start("hostdaemon"),  # outside any job
+    }
+    proc = procfs_tree(tmp_path / "proc", {
+        pids["batch"]: slurm_v2("42", "batch"),
+        pids["step"]: slurm_v2("42", "0"),
+        pids["extern"]: slurm_v1(other or os.geteuid(), "43", "extern"),
+        pids["array"]: slurm_v2("1235", "batch"),
+        pids["host"]: HOST,
+    })
+    return pids, proc, "nobody" if ROOT else pwd.getpwuid(os.geteuid()).pw_name
+
+
+def test_slurm_jobs_from_cgroup_v1_and_v2(run_exporter, scenario, workloads, tmp_path):
+    pids, proc, other = slurm_machine(tmp_path, workloads)
+    scenario.write(two_gpus(
+        gpu0=f"{pids['batch']}:{GIB},{pids['extern']}:{2 * GIB},{pids['array']}:{3 * GIB},{pids['host']}:{4 * GIB}",
+        gpu1=f"{pids['step']}:{5 * GIB}",
+    ))
+    s = run_exporter("--collector.processes", f"--path.procfs={proc}").scrape()
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    jobs = {(l["pid"], l["gpu"]): l["job_id"] for l, _ in s.series(MEMORY)}
+    assert jobs == {(str(pids["batch"]), "0"): "42", (str(pids["extern"]), "0"): "43", (str(pids["array"]), "0"): "1235",
+                    (str(pids["host"]), "0"): "", (str(pids["step"]), "1"): "42"}
+    # one series per GPU and job: job 42 on both GPUs, none for the host process
+    info = sorted((l["gpu"], l["job_id"], l["user"], l["scheduler"], v) for l, v in s.series(JOB))
+    assert info == [("0", "1235", me, "slurm", 1), ("0", "42", me, "slurm", 1), ("0", "43", other, "slurm", 1),
+                    ("1", "42", me, "slurm", 1)]
+    assert all(set(l) == {"gpu", "uuid", "scheduler", "job_id", "user"} for l, _ in s.series(JOB))
+    assert s.series(JOB, gpu="1")[0][0]["uuid"] == board_uuid("hopper", 1)
+    assert all(l["job_id"] for l, _ in s.series(UTIL, engine="sm") if l["pid"] != str(pids["host"]))
+    promtool_clean(s.text)
+
+
+def test_group_by_container_sums_per_job_and_job_info_is_not_cut(run_exporter, scenario, workloads, tmp_path):
+    pids, proc, _ = slurm_machine(tmp_path, workloads)
+    second = workloads.start("batchworker")  # job 42's batch step too: summed with "batch"
+    procfs_tree(proc, {second: slurm_v2("42", "batch")})
+    scenario.write(two_gpus(gpu0=f"{pids['batch']}:{GIB},{second}:{GIB},{pids['array']}:{3 * GIB},{pids['host']}:{4 * GIB}",
+                            gpu1=f"{pids['step']}:{5 * GIB}"))
+    s = run_exporter("--collector.processes", "--collector.processes.group-by=container",
+                     "--collector.processes.max-per-gpu=1", f"--path.procfs={proc}").scrape()
+    assert {(l["gpu"], l["job_id"]): v for l, v in s.series(MEMORY)} == {("0", ""): 4 * GIB, ("1", "42"): 5 * GIB}
+    # the largest row alone is served per GPU, but every job on the GPU keeps its info series
+    assert sorted((l["gpu"], l["job_id"]) for l, _ in s.series(JOB)) == [("0", "1235"), ("0", "42"), ("1", "42")]
+    wide = run_exporter("--collector.processes", "--collector.processes.group-by=container",
+                        f"--path.procfs={proc}").scrape()
+    assert {(l["gpu"], l["job_id"]): v for l, v in wide.series(MEMORY)} == {
+        ("0", ""): 4 * GIB, ("0", "42"): 2 * GIB, ("0", "1235"): 3 * GIB, ("1", "42"): 5 * GIB}
+
+
+def test_a_job_id_reused_after_its_job_ended_names_the_new_job(run_exporter, scenario, workloads, tmp_path):
+    first = workloads.start("firstjob")
+    proc = procfs_tree(tmp_path / "proc", {first: slurm_v2("42", "batch")})
+    scenario.write(one_gpu(processes=f"{first}:{GIB}"))
+    exporter = run_exporter("--collector.processes", "--collect.cache-ttl=0", f"--path.procfs={proc}")
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    assert [(l["job_id"], l["user"]) for l, _ in exporter.scrape().series(JOB)] == [("42", me)]
+    # the job ends; Slurm wraps around MaxJobId and gives 42 to another user's job
+    os.kill(first, signal.SIGKILL)
+    other = 65534 if ROOT else None
+    second = workloads.start("secondjob", uid=other)
+    procfs_tree(proc, {second: slurm_v2("42", "0")})
+    scenario.write(one_gpu(processes=f"{second}:{2 * GIB}"))
+    s = exporter.wait_for(lambda s: s.has(MEMORY, pid=str(second)))
+    assert [(l["job_id"], l["user"]) for l, _ in s.series(JOB)] == [("42", "nobody" if ROOT else me)]
+    assert [(l["pid"], l["job_id"]) for l, _ in s.series(MEMORY)] == [(str(second), "42")]
 
 
 def test_max_per_gpu_keeps_the_largest_of_200_processes(run_exporter, scenario, workloads):

@@ -456,7 +456,30 @@ def test_real_kernel_from_a_private_cgroup_namespace(
     stop(trainer)
     assert f"0::{seen_path}\n" in str(seen["cgroup"])  # the kernel really showed this form
     assert seen["comm"] == "gputrainer"
-    assert seen["container"] == {"container_id": CID, "pod_uid": UID, "qos": "burstable"}
+    assert seen["container"] == {"container_id": CID, "pod_uid": UID, "qos": "burstable", "job_id": ""}
+
+
+SLURM_STEP = "system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0"
+
+
+@as_root
+@pytest.mark.parametrize(
+    "reader_cgroup, seen_path",
+    [("", f"/{SLURM_STEP}"),
+     ("system.slice/slurmd.service", "/../" + SLURM_STEP.removeprefix("system.slice/")),
+     ("other.slice/exporter.service", f"/../../{SLURM_STEP}")],
+    ids=["namespace-at-the-top", "namespace-in-slurmds-slice", "namespace-in-another-slice"],
+)
+def test_real_kernel_slurm_job_from_a_cgroup_namespace(
+    cgroup2: Cgroup2, trainer: subprocess.Popen[bytes], reader_cgroup: str, seen_path: str
+) -> None:
+    # the tree slurmstepd's cgroup/v2 plugin makes, on a real cgroup2 mount; the reader in its
+    # own namespace, as a containerised exporter with a private cgroup namespace sees it
+    move(trainer.pid, cgroup2.cgroup(SLURM_STEP))
+    seen = read_from_namespace(cgroup2.cgroup(reader_cgroup) if reader_cgroup else cgroup2.top, trainer.pid)
+    stop(trainer)
+    assert f"0::{seen_path}\n" in str(seen["cgroup"])  # the kernel really showed this form
+    assert seen["container"] == {"container_id": "", "pod_uid": "", "qos": "", "job_id": "4242"}
 
 
 def test_a_user_name_that_is_not_utf8_is_the_uid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Which container and Kubernetes pod a process belongs to, from the text of /proc/PID/cgroup.
+"""Which container, Kubernetes pod and Slurm job a process belongs to, from the text of /proc/PID/cgroup.
 
 The kubelet and the container runtimes name cgroups in a handful of shapes (cgroup v1 or v2,
 systemd or cgroupfs driver, containerd, CRI-O or Docker; tests/test_cgroups.py has them all).
@@ -24,12 +24,16 @@ can create cgroups with any name below it, "kubepods...pod<victim UID>" included
 A path that names "kubepods" anywhere else is no pod and no container (a spoof or a nested
 kubelet seen from outside its node). Outside Kubernetes the innermost runtime id is the
 process's container (plain Docker, podman).
+
+The Slurm job comes from slurm.py, which is as strict about where slurmstepd puts a job.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from .slurm import job_id as _job_id
 
 QOS_GUARANTEED = "guaranteed"
 QOS_BURSTABLE = "burstable"
@@ -39,11 +43,13 @@ QOS_BESTEFFORT = "besteffort"
 @dataclass(frozen=True, slots=True)
 class ContainerRef:
     """container_id: the runtime's 64-hex id; pod_uid: the API's dashed lower-case UID (or a
-    static pod's 32-hex hash); qos: guaranteed | burstable | besteffort, "" without a pod."""
+    static pod's 32-hex hash); qos: guaranteed | burstable | besteffort, "" without a pod;
+    job_id: the Slurm job's id (decimal), "" outside Slurm and in a pod."""
 
     container_id: str = ""
     pod_uid: str = ""
     qos: str = ""
+    job_id: str = ""
 
 
 _HEX32 = r"[0-9a-f]{32}"
@@ -186,15 +192,19 @@ def _weight(ref: ContainerRef) -> int:
 
 
 def parse_cgroup(text: str, cgroup_root: str = "/") -> ContainerRef:
-    """The container and pod named by /proc/PID/cgroup text; ContainerRef() for a host process,
-    unknown shapes, pods where the kubelet does not put them, and garbage. cgroup_root: the
-    kubelet's --cgroup-root (absolute paths only). On v1 and hybrid hosts the lines can
-    disagree (some controllers are not delegated), so the line that names the most wins, the
-    first on a tie."""
+    """The container, pod and Slurm job named by /proc/PID/cgroup text; ContainerRef() for a
+    host process, unknown shapes, pods and jobs where the kubelet or slurmstepd does not put
+    them, and garbage. cgroup_root: the kubelet's --cgroup-root (absolute paths only). On v1
+    and hybrid hosts the lines can disagree (some controllers are not delegated), so the line
+    that names the most container and pod wins, the first on a tie, and the first line that
+    names a job gives the job."""
     root = [e for e in cgroup_root.split("/") if e]
-    best = ContainerRef()
+    best, job = ContainerRef(), ""
     for path in _paths(text):
         ref = _parse_path(path, root)
         if _weight(ref) > _weight(best):
             best = ref
-    return best
+        job = job or _job_id(path)
+    # A pod's processes are never in a Slurm job: lines that say both (only root could make
+    # them) give the pod, which the kubelet and its allocations confirm, and no job
+    return replace(best, job_id=job) if job and not best.pod_uid else best

@@ -3,7 +3,7 @@
 - A device id the kubelet reports (GPU-..., MIG-..., replicas ::N, indices, PCI ids) is
   resolved to one of the backend's GPUs; an id that resolves to none (another vendor's
   device, a GPU this backend does not see) is left out.
-- A process's container id and pod UID come from its cgroup; namespace, pod and container
+- A process's container id, pod UID and Slurm job id come from its cgroup; namespace, pod and container
   names from the kubelet's log directories (by container id, else by pod UID: the
   PodResources API carries neither). Each process is attributed by its own cgroup: pods
   sharing a GPU never inherit each other's (or the whole device's) numbers, and a sidecar
@@ -140,6 +140,7 @@ def processes(reading: GpuReading | None, procs: _Reader, names: Names | None) -
                     gpu=d.identity.index, uuid=d.identity.uuid, pid=p.pid, process=info.comm, user=info.user,
                     container_id=ref.container_id, pod_uid=ref.pod_uid, namespace=namespace, pod=pod,
                     container=container, memory_bytes=p.memory_bytes, utilization=p.utilization,
+                    job_id=ref.job_id,
                 )
             )
     return tuple(out)

@@ -1,4 +1,5 @@
-"""Name, owner and container of a process, read from procfs (the host's /proc, or a mount of it).
+"""Name, owner, container and Slurm job of a process, read from procfs (the host's /proc, or a
+mount of it).
 
 The PIDs come from the GPU driver's process list, so a process may exit between that list and
 this read: every file may vanish at any moment, and a read never raises.
@@ -29,8 +30,8 @@ KNOWN_SECONDS = 60.0  # how long a process's owner and container are used before
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     """uid: the real uid (None when status could not be read); user: its passwd name, else
-    str(uid), "" without a uid; container: ContainerRef() for a host process or an unreadable
-    cgroup file."""
+    str(uid), "" without a uid; container: the container, pod and Slurm job, ContainerRef()
+    for a host process or an unreadable cgroup file."""
 
     pid: int
     comm: str

@@ -1,8 +1,10 @@
 """The processes collector: VRAM and utilization per process on each GPU, with its owner.
 
-One series per process (group-by=process) or per container (group-by=container, summed;
-pid, process and user left out), at most max_per_gpu per GPU and family (per engine for
-utilization), the largest by memory.
+One series per process (group-by=process) or per container and Slurm job (group-by=container,
+summed; pid, process and user left out), at most max_per_gpu per GPU and family (per engine
+for utilization), the largest by memory. And one resmon_gpu_job_info per GPU and Slurm job
+with a process on it, every job (not cut by max_per_gpu: a job's processes may all be below
+the cut, and the per-job joins need its row), whatever the grouping.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from ..samples import CollectorStatus, ProcessSample
 from .series import GPU_LABELS, Scrape, part_status
 from .series import put as _put
 
-OWNER_LABELS = ["container_id", "pod_uid", "namespace", "pod", "container"]
+OWNER_LABELS = ["container_id", "pod_uid", "namespace", "pod", "container", "job_id"]
 PROCESS_LABELS = ["pid", "process", "user"]
+JOB_LABELS = ["scheduler", "job_id", "user"]
 FAMILIES: dict[str, str] = {
     "resmon_gpu_process_memory_used_bytes": "gauge",
     "resmon_gpu_process_utilization_ratio": "gauge",
+    "resmon_gpu_job_info": "gauge",
 }
 # no process on a GPU is itself an answer: the families are declared, without samples
 DECLARED_WHEN_EMPTY = frozenset(FAMILIES)
@@ -29,13 +33,15 @@ _Row = tuple[dict[str, str], int | None, dict[str, float]]  # labels, memory byt
 
 def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> list[list[_Row]]:
     """The rows to serve, one list per GPU, before the per-GPU limit. Rows with the same
-    labels (a container's processes, with group-by=container) are summed."""
+    labels (with group-by=container a container's processes of one Slurm job, or the host's
+    outside any job) are summed."""
     per_gpu: dict[tuple[int, str], dict[tuple[str, ...], _Row]] = {}
     for p in processes:
         labels = {"gpu": str(p.gpu), "uuid": p.uuid}
         if group_by == "process":
             labels.update(pid=str(p.pid), process=p.process, user=p.user)
-        labels.update(container_id=p.container_id, pod_uid=p.pod_uid, namespace=p.namespace, pod=p.pod, container=p.container)
+        labels.update(container_id=p.container_id, pod_uid=p.pod_uid, namespace=p.namespace, pod=p.pod,
+                      container=p.container, job_id=p.job_id)
         rows = per_gpu.setdefault((p.gpu, p.uuid), {})
         key = tuple(labels.values())
         known = rows.get(key)
@@ -49,6 +55,22 @@ def _rows(processes: tuple[ProcessSample, ...], group_by: str) -> list[list[_Row
             ratios[engine] = min(1.0, ratios.get(engine, 0.0) + ratio)  # processes of one container share the engine
         rows[key] = (labels, memory, ratios)
     return [list(rows.values()) for rows in per_gpu.values()]
+
+
+def _jobs(processes: tuple[ProcessSample, ...]) -> list[tuple[int, str, str, str]]:
+    """(gpu, uuid, job id, user) for each GPU and Slurm job with a process on it. The user is
+    that of the job's lowest PID on the GPU with a known user: slurmstepd runs every process of
+    a job as its owner, so they agree (one that ran su or sudo inside the job could differ: the
+    rule keeps one series, the same from scrape to scrape)."""
+    jobs: dict[tuple[int, str, str], tuple[int, str]] = {}
+    for p in processes:
+        if not p.job_id:
+            continue
+        key = (p.gpu, p.uuid, p.job_id)
+        known = jobs.get(key)
+        if known is None or (not known[1], known[0]) > (not p.user, p.pid):
+            jobs[key] = (p.pid, p.user)
+    return sorted(((g, u, j, user) for (g, u, j), (_, user) in jobs.items()), key=lambda r: (r[0], r[1], int(r[2])))
 
 
 def families(scrape: Scrape) -> Iterator[Metric]:
@@ -78,6 +100,14 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
                 _put(util, {**labels, "engine": engine}, ratio)
     yield memory
     yield util
+    jobs = GaugeMetricFamily(
+        "resmon_gpu_job_info",
+        "A Slurm job with a process on this GPU (its cgroup's job_<id>); user: the job's process owner. Value 1.",
+        labels=GPU_LABELS + JOB_LABELS,
+    )
+    for gpu, uuid, job_id, user in _jobs(processes):
+        _put(jobs, {"gpu": str(gpu), "uuid": uuid, "scheduler": "slurm", "job_id": job_id, "user": user}, 1)
+    yield jobs
 
 
 def status(scrape: Scrape) -> CollectorStatus | None:
