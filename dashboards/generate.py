@@ -107,11 +107,14 @@ RECOVERY_ACTIONS = {"0": ("none", "green"), "1": ("GPU reset", "red"), "2": ("no
 
 # Per-process series (collector `processes`). Legends cannot branch, so who() adds a `who`
 # label: "namespace/pod (container)" where the kubernetes collector named the pod (with
-# group-by=process also "pid N", as a pod can run several), else "process (pid N)", with
-# group-by=container "container <12 hex>" (plain Docker) or "outside containers" (the host's
-# processes summed). label_join lays the labels out as namespace;pod;container;container_id;pid;
-# process (an absent label joins as empty); each label_replace matches one of those shapes and
-# leaves the others as they are (the ones already rewritten contain no ";").
+# group-by=process also "pid N", as a pod can run several), else "process (pid N)" (", job N"
+# in a Slurm job), with group-by=container "container <12 hex>" (plain Docker), "job N" (a
+# Slurm job's processes outside containers, summed; ", job N" after a container in one) or "outside containers" (the host's
+# processes summed). label_join lays the labels out as
+# namespace;pod;container;container_id;pid;process;job_id (an absent label joins as empty);
+# each label_replace matches one of those shapes and leaves the others as they are (the ones
+# already rewritten contain no ";"). A process name may hold ";": the shapes that follow it
+# read the job id as the text after the last one, which a job id (digits) never holds.
 PROC_MEM = f"resmon_gpu_process_memory_used_bytes{{{GSEL}}}"
 PROC_SM = f'resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm"}}'
 POD_MEM = f'resmon_gpu_process_memory_used_bytes{{{GSEL}, pod!=""}}'
@@ -120,17 +123,27 @@ WHO_SHAPES = (
     ("([^;]+);([^;]+);([^;]+);[^;]*;;.*", "$1/$2 ($3)"),
     ("([^;]+);([^;]+);([^;]+);[^;]*;([^;]+);.*", "$1/$2 ($3) pid $4"),
     ("([^;]+);([^;]+);;.*", "$1/$2"),
-    (";;;[^;]*;([^;]+);(.*)", "$2 (pid $1)"),
-    (";;;([0-9a-f]{12})[^;]*;;", "container $1"),
-    (";;;;;", "outside containers"),
+    (";;;[^;]*;([^;]+);(.*);([0-9]+)", "$2 (pid $1, job $3)"),
+    (";;;[^;]*;([^;]+);(.*);", "$2 (pid $1)"),
+    (";;;([0-9a-f]{12})[^;]*;;;([0-9]+)", "container $1, job $2"),
+    (";;;([0-9a-f]{12})[^;]*;;;", "container $1"),
+    (";;;;;;([0-9]+)", "job $1"),
+    (";;;;;;", "outside containers"),
 )
 
 
 def who(expr: str) -> str:
-    out = f'label_join({expr}, "who", ";", "namespace", "pod", "container", "container_id", "pid", "process")'
+    out = f'label_join({expr}, "who", ";", "namespace", "pod", "container", "container_id", "pid", "process", "job_id")'
     for regex, replacement in WHO_SHAPES:
         out = f'label_replace({out}, "who", "{replacement}", "who", "{regex}")'
     return out
+
+
+# Slurm jobs (processes collector): one row per GPU and job from resmon_gpu_job_info, with
+# what the job's own processes hold and use there and the whole GPU's busy time, which is the
+# job's where it has the GPU to itself (--gres=gpu, exclusive).
+JOBS = f"resmon_gpu_job_info{{{GSEL}}}"
+JOB_BY = "job, instance, gpu, uuid, job_id"
 
 
 # A pod's VRAM is what its own processes hold: with time-slicing (device ids GPU-...::N) or
@@ -334,6 +347,27 @@ def node() -> dict[str, Any]:
         {"Container VRAM": "bytes", "Device VRAM (all pods)": "bytes"})
     allocations["options"] = {"sortBy": [{"displayName": "namespace", "desc": False}]}
     lay.add(allocations, 24, 8)
+    jobs = panel("table", "Slurm jobs", [
+        target(JOBS, "", "A", instant=True, table=True),
+        target(f'sum by ({JOB_BY}) (resmon_gpu_process_memory_used_bytes{{{GSEL}, job_id!=""}}) '
+               f"* on ({JOB_BY}) group_right {JOBS}", "", "B", instant=True, table=True),
+        target(f'sum by ({JOB_BY}) (resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm", job_id!=""}}) '
+               f"* on ({JOB_BY}) group_right {JOBS}", "", "C", instant=True, table=True),
+        target(f'rate(resmon_gpu_busy_seconds_total{{{GSEL}, engine="gpu"}}[$__rate_interval]) '
+               f"* on ({GPU_BY}) group_right {JOBS}", "", "D", instant=True, table=True),
+    ], description="Every Slurm job with a process on a GPU (its cgroup's job_<id>; a job array's task shows its "
+                   "own job id, sacct's JobIDRaw), one row per GPU: the owner, the VRAM and SM share of the job's "
+                   "own processes there, and the whole GPU's busy share, which is the job's on a GPU it has to "
+                   "itself. Needs --collector.processes (off by default).")
+    jobs["transformations"] = merged_table(
+        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True, "scheduler": True},
+        index={"job_id": 0, "user": 1, "instance": 2, "gpu": 3, "uuid": 4, "Value #B": 5, "Value #C": 6,
+               "Value #D": 7},
+        rename={"job_id": "Slurm job", "Value #B": "Job VRAM", "Value #C": "Job SM", "Value #D": "GPU busy"})
+    jobs["fieldConfig"]["overrides"] = column_units(
+        {"Job VRAM": "bytes", "Job SM": "percentunit", "GPU busy": "percentunit"})
+    jobs["options"] = {"sortBy": [{"displayName": "Slurm job", "desc": False}]}
+    lay.add(jobs, 24, 7)
     lay.row("Power and thermals")
     lay.add(ts("Temperature", [
         (f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND),

@@ -16,11 +16,14 @@ from fakenvml import GIB, gpu_keys
 # Who uses the GPU (processes and kubernetes collectors): GPU 0 is time-sliced between two
 # pods. team-a/train-0's process holds POD_VRAM, a host process HOST_VRAM; team-b/notebook-1
 # holds a replica of GPU 0 and GPU 1 but runs nothing on them. No pod may be shown the
-# device's whole VRAM.
+# device's whole VRAM. A third process runs in Slurm job JOB_ID (its cgroup slurmstepd's, v2)
+# on GPU 1, holding JOB_VRAM: the Slurm jobs table's row.
 POD_UID = "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f"
 CONTAINER_ID = "4f6c" * 16
 POD_VRAM, HOST_VRAM = 40 * GIB, 20 * GIB
 POD_SM, HOST_SM = 50, 30  # percent, in every process utilization sample
+JOB_ID, JOB_VRAM, JOB_SM = "4242", 10 * GIB, 40
+JOB_CGROUP = f"0::/system.slice/slurmstepd.scope/job_{JOB_ID}/step_batch/user/task_0\n"
 
 
 class GpuUsers:
@@ -43,19 +46,19 @@ class GpuUsers:
 
     def _start(self, root: Path) -> None:
         uuids = self.uuids
-        for _ in range(2):  # one at a time: a failed second start still leaves the first to stop()
+        for _ in range(3):  # one at a time: a failed second start still leaves the first to stop()
             self.children.append(subprocess.Popen(["sleep", "3600"]))
-        self.host_pid, self.pod_pid = (c.pid for c in self.children)
+        self.host_pid, self.pod_pid, self.job_pid = (c.pid for c in self.children)
         self.procfs, self.pod_logs = root / "proc", root / "pods"
         (self.procfs / "self").mkdir(parents=True)  # what the exporter checks a procfs by
         kubepods = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
                     f"{POD_UID.replace('-', '_')}.slice/cri-containerd-{CONTAINER_ID}.scope\n")
-        for pid in (self.host_pid, self.pod_pid):
+        for pid in (self.host_pid, self.pod_pid, self.job_pid):
             (self.procfs / str(pid)).mkdir()
             for name in ("comm", "status", "cgroup"):
                 text = Path(f"/proc/{pid}/{name}").read_text()
-                if name == "cgroup" and pid == self.pod_pid:
-                    text = kubepods
+                if name == "cgroup" and pid != self.host_pid:
+                    text = kubepods if pid == self.pod_pid else JOB_CGROUP
                 (self.procfs / str(pid) / name).write_text(text)
         (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer").mkdir(parents=True)
         (self.pod_logs / f"team-a_train-0_{POD_UID}" / "trainer" / "0.log").write_text("")
@@ -73,8 +76,9 @@ class GpuUsers:
                 f"--kubernetes.pod-resources-socket={self.kubelet.socket_path}", "--kubernetes.cache-ttl=500ms"]
 
     def scenario(self) -> dict[str, Any]:
-        return gpu_keys(0, processes=f"{self.host_pid}:{HOST_VRAM},{self.pod_pid}:{POD_VRAM}",
-                        process_util=f"{self.host_pid}:{HOST_SM}:10:0:0,{self.pod_pid}:{POD_SM}:20:0:0")
+        return {**gpu_keys(0, processes=f"{self.host_pid}:{HOST_VRAM},{self.pod_pid}:{POD_VRAM}",
+                           process_util=f"{self.host_pid}:{HOST_SM}:10:0:0,{self.pod_pid}:{POD_SM}:20:0:0"),
+                **gpu_keys(1, processes=f"{self.job_pid}:{JOB_VRAM}", process_util=f"{self.job_pid}:{JOB_SM}:10:0:0")}
 
     @property
     def user(self) -> str:
