@@ -1,9 +1,10 @@
 """deploy/kubernetes, validated offline (no cluster here): every overlay (and the combinations
 docs/kubernetes.md promises) is built with the real `kubectl kustomize`, every built object is
 checked against Kubernetes' own schemas (kubernetes-validate, strict) for the oldest and newest
-Kubernetes we support, the Prometheus Operator objects against its CRD models (cloudcoil,
-made strict about unknown fields here), the PrometheusRule's rules with promtool, and the
-generated objects against their sources (deploy/kubernetes/generate.py).
+Kubernetes we support, the Prometheus Operator objects (ServiceMonitor or PodMonitor, and the
+PrometheusRule) against its CRD models (cloudcoil, made strict about unknown fields here), the
+PrometheusRule's rules with promtool, the generated objects against their sources
+(deploy/kubernetes/generate.py), and the image: one `images:` entry that every build takes.
 """
 
 from __future__ import annotations
@@ -39,12 +40,19 @@ K8S_VERSIONS = ("1.28.0", "1.37.0")
 
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").is_file())
-# combinations a user may build (docs/kubernetes.md); amd excludes nvidia-runtime-class, and
-# non-root excludes what needs the host (process-attribution, privileged)
+# the two ways the Prometheus Operator finds the exporter: one or the other, never both
+MONITORS = {"prometheus-operator": "ServiceMonitor", "podmonitor": "PodMonitor"}
+# combinations a user may build (docs/kubernetes.md); amd excludes nvidia-runtime-class,
+# non-root excludes what needs the host (process-attribution, privileged), and podmonitor
+# excludes prometheus-operator
+EXCLUSIVE = [{"amd", "nvidia-runtime-class"}, {"non-root", "process-attribution"}, {"non-root", "privileged"},
+             set(MONITORS)]
 COMBINATIONS = {
     "all-nvidia": ("prometheus-operator", "grafana", "process-attribution", "privileged", "nvidia-runtime-class", "gke"),
     "all-amd": ("prometheus-operator", "grafana", "process-attribution", "privileged", "amd"),
     "restricted": ("prometheus-operator", "grafana", "non-root"),
+    "all-nvidia-podmonitor": ("podmonitor", "grafana", "process-attribution", "privileged", "nvidia-runtime-class", "gke"),
+    "restricted-podmonitor": ("podmonitor", "grafana", "non-root"),
 }
 # what each build is made of: overlays/<component> is the base plus that component
 MADE_OF: dict[str, tuple[str, ...]] = {
@@ -54,6 +62,16 @@ MADE_OF: dict[str, tuple[str, ...]] = {
 }
 BUILDS = OVERLAYS + sorted(COMBINATIONS)
 NVIDIA_BUILDS = [b for b in BUILDS if "amd" not in MADE_OF[b]]
+
+
+def monitor_kind(build: str) -> str | None:
+    """The kind of monitor a build has: ServiceMonitor, PodMonitor or None."""
+    [*kinds] = (kind for component, kind in MONITORS.items() if component in MADE_OF[build])
+    assert len(kinds) <= 1, f"{build}: both monitors"
+    return kinds[0] if kinds else None
+
+
+MONITORED_BUILDS = [b for b in BUILDS if monitor_kind(b)]
 VERSIONED_KUBECTL = Path("/usr/lib/google-cloud-sdk/bin")
 
 
@@ -154,8 +172,8 @@ def test_every_component_has_an_overlay_and_every_overlay_is_accounted_for() -> 
 def test_builds(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     kinds = sorted(o["kind"] for o in built[build])
     expected = ["DaemonSet", "Service", "ServiceAccount"]
-    if "prometheus-operator" in MADE_OF[build]:
-        expected += ["PrometheusRule", "ServiceMonitor"]
+    if monitor_kind(build):
+        expected += ["PrometheusRule", monitor_kind(build)]
     if "grafana" in MADE_OF[build]:
         expected += ["ConfigMap"] * len(list(DASHBOARDS.glob("*.json")))
     if "gke" in MADE_OF[build]:
@@ -247,6 +265,10 @@ ENUMS: dict[tuple[str, str], set[Any]] = {
     ("ServiceMonitor", "spec.endpoints[].metricRelabelings[].action"): RELABEL_ACTIONS,
     ("ServiceMonitor", "spec.endpoints[].scheme"): {"http", "https"},
     ("ServiceMonitor", "spec.selector.matchExpressions[].operator"): SELECTOR_OPS,
+    ("PodMonitor", "spec.podMetricsEndpoints[].relabelings[].action"): RELABEL_ACTIONS,
+    ("PodMonitor", "spec.podMetricsEndpoints[].metricRelabelings[].action"): RELABEL_ACTIONS,
+    ("PodMonitor", "spec.podMetricsEndpoints[].scheme"): {"http", "https"},
+    ("PodMonitor", "spec.selector.matchExpressions[].operator"): SELECTOR_OPS,
 }
 # a leaf whose key is one of these is an enum somewhere: it must be in the table above
 ENUM_KEYS = {"operator", "effect", "type", "protocol", "imagePullPolicy", "action", "scheme", "scopeName",
@@ -286,7 +308,8 @@ def test_every_enum_valued_field_holds_an_allowed_value(built: dict[str, list[di
     # the walk does reach the fields it is meant for
     assert {("DaemonSet", f"{POD}.tolerations[].operator"), ("DaemonSet", f"{POD}.tolerations[].effect"),
             ("ResourceQuota", "spec.scopeSelector.matchExpressions[].operator"),
-            ("ServiceMonitor", "spec.endpoints[].relabelings[].action"), ("Service", "spec.clusterIP")} <= seen
+            ("ServiceMonitor", "spec.endpoints[].relabelings[].action"), ("Service", "spec.clusterIP"),
+            ("PodMonitor", "spec.podMetricsEndpoints[].relabelings[].action")} <= seen
 
 
 @pytest.mark.parametrize("typo", [
@@ -348,7 +371,8 @@ def test_every_prometheus_operator_object_is_valid(built: dict[str, list[dict[st
             if doc["apiVersion"].startswith("monitoring.coreos.com/"):
                 validate_cr(doc)
                 checked += 1
-    assert checked == 2 * sum("prometheus-operator" in MADE_OF[b] for b in built)
+    assert checked == 2 * len(MONITORED_BUILDS)
+    assert {b for b in built if monitor_kind(b) == "PodMonitor"} >= {"podmonitor", "all-nvidia-podmonitor"}
 
 
 def test_prometheus_operator_validation_can_fail(built: dict[str, list[dict[str, Any]]]) -> None:
@@ -363,6 +387,21 @@ def test_prometheus_operator_validation_can_fail(built: dict[str, list[dict[str,
     number = copy.deepcopy(monitor)
     number["spec"]["endpoints"][0]["interval"] = 15
     with pytest.raises(PydanticValidationError, match="interval"):
+        validate_cr(number)
+    pod_monitor = one(built, "podmonitor", "PodMonitor")
+    validate_cr(pod_monitor)
+    typo = copy.deepcopy(pod_monitor)
+    typo["spec"]["podMetricsEndpoints"][0]["honorLabel"] = typo["spec"]["podMetricsEndpoints"][0].pop("honorLabels")
+    promop.PodMonitor.model_validate(typo)
+    with pytest.raises(jsonschema.ValidationError, match="honorLabel"):
+        validate_cr(typo)
+    typo = copy.deepcopy(pod_monitor)
+    typo["spec"]["endpoints"] = typo["spec"].pop("podMetricsEndpoints")  # the ServiceMonitor's field name
+    with pytest.raises((PydanticValidationError, jsonschema.ValidationError)):
+        validate_cr(typo)
+    number = copy.deepcopy(pod_monitor)
+    number["spec"]["podMetricsEndpoints"][0]["scrapeTimeout"] = 10
+    with pytest.raises(PydanticValidationError, match="scrapeTimeout"):
         validate_cr(number)
     bad_rule = copy.deepcopy(rule)
     bad_rule["spec"]["groups"][0]["rules"][0]["expresion"] = bad_rule["spec"]["groups"][0]["rules"][0].pop("expr")
@@ -407,9 +446,8 @@ def test_generated_files_are_up_to_date(tmp_path: Path) -> None:
 
 def test_the_prometheusrule_holds_the_rules_file(built: dict[str, list[dict[str, Any]]]) -> None:
     source = yaml.safe_load(RULES.read_text())["groups"]
-    for build in BUILDS:
-        if "prometheus-operator" in MADE_OF[build]:
-            assert one(built, build, "PrometheusRule")["spec"] == {"groups": source}
+    for build in MONITORED_BUILDS:
+        assert one(built, build, "PrometheusRule")["spec"] == {"groups": source}
 
 
 def test_one_dashboard_configmap_per_dashboard_with_its_json(built: dict[str, list[dict[str, Any]]]) -> None:
@@ -669,6 +707,49 @@ def test_servicemonitor(built: dict[str, list[dict[str, Any]]], build: str) -> N
     assert not objects(built, build, "PodMonitor")  # one or the other, never both (double scrapes)
 
 
+@pytest.mark.parametrize("build", [b for b in BUILDS if monitor_kind(b) == "PodMonitor"])
+def test_podmonitor(built: dict[str, list[dict[str, Any]]], build: str) -> None:
+    monitor = one(built, build, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert one(built, build, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    pod = one(built, build, "DaemonSet")["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container(built, build)["ports"]}
+    assert (endpoint["path"], endpoint["honorLabels"]) == ("/metrics", True)
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in endpoint["relabelings"]
+    # the job label is the pods' app.kubernetes.io/name, which the shipped alerts select
+    job = pod["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    patterns = set(re.findall(r'up\{job=~"([^"]+)"\}', RULES.read_text()))
+    assert patterns and all(re.fullmatch(p, job) for p in patterns), job
+    assert not objects(built, build, "ServiceMonitor")  # one or the other, never both (double scrapes)
+
+
+def test_the_combinations_keep_the_exclusions() -> None:
+    # each exclusion is one docs/kubernetes.md states, every component is in some combination
+    for name, components in COMBINATIONS.items():
+        assert not any(pair <= set(components) for pair in EXCLUSIVE), name
+    assert set(COMPONENTS) - {"gke"} <= {c for components in COMBINATIONS.values() for c in components} | {"amd", "non-root"}
+    text = " ".join(DOCS.read_text().split())
+    assert "`podmonitor` excludes `prometheus-operator`" in text
+
+
+def test_kustomize_refuses_both_monitors(tmp_path: Path) -> None:
+    overlays = user_tree(tmp_path)
+    body = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["../../base"],
+            "components": [f"../../components/{c}" for c in MONITORS]}
+    directory = write_kustomization(overlays / "both", yaml.safe_dump(body))
+    done = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "already registered id" in done.stderr, done.stdout[:500] + done.stderr
+
+
+def base_image() -> dict[str, str]:
+    """The base's one `images:` entry: the image every build runs."""
+    [entry] = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())["images"]
+    return entry
+
+
 @pytest.mark.parametrize("build", BUILDS)
 def test_labels_and_image_follow_the_version(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     for doc in built[build]:
@@ -676,7 +757,53 @@ def test_labels_and_image_follow_the_version(built: dict[str, list[dict[str, Any
         assert labels["app.kubernetes.io/name"] == "resmon-exporter"
         assert labels["app.kubernetes.io/version"] == __version__, f"{doc['kind']}: version label"
     assert one(built, build, "DaemonSet")["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
-    assert container(built, build)["image"] == f"ghcr.io/resmon-exporter/resmon-exporter:{__version__}"
+    entry = base_image()
+    assert entry["newTag"] == __version__
+    assert container(built, build)["image"] == f"{entry['newName']}:{entry['newTag']}"
+
+
+def test_the_daemonset_names_the_image_the_entry_sets() -> None:
+    # kustomize rewrites only an image whose name is the entry's: another name would be pulled as written
+    daemonset = yaml.safe_load((K8S / "base" / "daemonset.yaml").read_text())
+    [ctr] = daemonset["spec"]["template"]["spec"]["containers"]
+    assert ctr["image"] == base_image()["name"]
+
+
+def doc_image_commands() -> dict[str, set[str]]:
+    """The images docs/kubernetes.md builds, pushes and sets, by command."""
+    text = DOCS.read_text()
+    found: dict[str, set[str]] = {}
+    for command, pattern in {"docker build": r"docker build -t (\S+) \.", "podman build": r"podman build -t (\S+) \.",
+                             "docker push": r"docker push (\S+)", "podman push": r"podman push (\S+)",
+                             "set image": r"kustomize edit set image ([^=\s]+=\S+?)\)?$"}.items():
+        found[command] = set(re.findall(pattern, text, re.M))
+    return found
+
+
+def test_the_docs_build_push_and_set_one_image(tmp_path: Path) -> None:
+    found = doc_image_commands()
+    assert all(found.values()), found
+    [built_image] = found["docker build"]
+    assert found["podman build"] == found["docker push"] == found["podman push"] == {built_image}
+    [setting] = found["set image"]
+    name, image = setting.split("=", 1)
+    assert name == base_image()["name"] and image == built_image
+    assert built_image.rsplit(":", 1)[1] == __version__ and built_image.rsplit(":", 1)[0].endswith("/resmon-exporter")
+    # the Install section's first command sets it, before anything is applied
+    install = DOCS.read_text().split("## Install", 1)[1]
+    [first_block] = re.findall(r"```sh\n(.*?)```", install, re.S)[:1]
+    assert "kustomize edit set image" in first_block.splitlines()[0]
+    # what `kustomize edit set image` does to the base, then a build takes the built image
+    tree = tmp_path / "k8s"
+    shutil.copytree(K8S, tree, symlinks=True)
+    kustomization = tree / "base" / "kustomization.yaml"
+    body = yaml.safe_load(kustomization.read_text())
+    new_name, new_tag = image.rsplit(":", 1)
+    body["images"] = [{"name": name, "newName": new_name, "newTag": new_tag}]
+    kustomization.write_text(yaml.safe_dump(body))
+    for overlay in ("kube-prometheus-stack", "podmonitor", "non-root"):
+        out = {overlay: kustomize(kubectl(), tree / "overlays" / overlay)}
+        assert container(out, overlay)["image"] == built_image, overlay
 
 
 @pytest.mark.parametrize("build", BUILDS)
