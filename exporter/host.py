@@ -25,16 +25,32 @@ def _busy_and_total(modes: dict[str, float]) -> tuple[float, float]:
 
 class HostReader:
     """Reads the host. CPU utilization is the busy share of CPU time between this read and
-    the previous one (primed at construction), so a read never sleeps."""
+    the previous one (primed at construction), so a read never sleeps.
+
+    The CPU seconds served never decrease, though the kernel's can: iowait goes back a little
+    (proc(5): "this value can decrease"), and the aggregate line loses a CPU's whole time when
+    that CPU goes offline. Either is no restart, so each mode serves its previous value plus
+    what the kernel's grew by since the last read (nothing where it went down): rate() stays
+    the kernel's rate, without the reset Prometheus would read from a decrease. Not locked:
+    the monitor reads the host under its host lock, one reader at a time."""
 
     def __init__(self) -> None:
-        self._previous = _cpu_modes(psutil.cpu_times())
+        self._raw = _cpu_modes(psutil.cpu_times())  # the kernel's values at the last read
+        self._served = dict(self._raw)
+        self._previous = dict(self._served)  # served values at the last ratio update
         busy, total = _busy_and_total(self._previous)
         # until two reads are far enough apart, the since-boot average is the best estimate
         self._ratio = busy / total if total > 0 else 0.0
 
+    def _cpu_seconds(self) -> dict[str, float]:
+        raw = _cpu_modes(psutil.cpu_times())
+        for mode, value in raw.items():
+            self._served[mode] += max(value - self._raw[mode], 0.0)
+        self._raw = raw
+        return dict(self._served)
+
     def read(self) -> HostSample:
-        modes = _cpu_modes(psutil.cpu_times())
+        modes = self._cpu_seconds()
         busy, total = _busy_and_total(modes)
         prev_busy, prev_total = _busy_and_total(self._previous)
         if total - prev_total > 0:  # counters tick at USER_HZ; equal reads keep the last ratio

@@ -132,3 +132,38 @@ def test_load_averages_are_proc_loadavg():
 
 def test_logical_cores_are_the_online_cpus():
     assert HostReader().read().logical_cores == online_cpus()
+
+
+def test_cpu_seconds_never_decrease_where_the_kernels_do(tmp_path, monkeypatch):
+    """A real /proc/stat's layout in a tree psutil reads (psutil.PROCFS_PATH): iowait going
+    back (proc(5) allows it) and the aggregate losing an offlined CPU's time are served as no
+    growth, never as a decrease (a counter reset to Prometheus) nor as a jump."""
+    import psutil
+
+    for name in ("meminfo", "vmstat", "zoneinfo"):
+        (tmp_path / name).write_text(Path(f"/proc/{name}").read_text())
+
+    def kernel(**ticks: int) -> None:
+        values = {**dict.fromkeys(PROC_STAT_MODES, 0), **ticks}
+        (tmp_path / "stat").write_text("cpu  " + " ".join(str(values[m]) for m in PROC_STAT_MODES) + "\n")
+
+    def served() -> dict[str, float]:
+        return dict(reader.read().cpu_seconds)
+
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    kernel(user=100 * TICK, idle=900 * TICK, iowait=50 * TICK)
+    reader = HostReader()
+    kernel(user=110 * TICK, idle=990 * TICK, iowait=45 * TICK)  # iowait back by 5 s
+    first = served()
+    assert (first["user"], first["idle"], first["iowait"]) == (110, 990, 50)
+    assert reader.read().cpu_utilization_ratio == 0.1  # 10 s busy of 100 s, not skewed by the drop
+    kernel(user=112 * TICK, idle=998 * TICK, iowait=47 * TICK)  # growing again: +2 s counts
+    second = served()
+    assert (second["user"], second["idle"], second["iowait"]) == (112, 998, 52)
+    kernel(user=60 * TICK, idle=500 * TICK, iowait=20 * TICK)  # half the CPUs went offline
+    third = served()
+    assert third == second
+    kernel(user=61 * TICK, idle=509 * TICK, iowait=20 * TICK)  # the rest keep counting from there
+    fourth = served()
+    assert (fourth["user"], fourth["idle"]) == (113, 1007)
+    assert reader.read().cpu_utilization_ratio == 0.1
