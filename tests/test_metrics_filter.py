@@ -179,7 +179,7 @@ def test_a_host_only_scrape_reads_no_gpu(run_exporter, scenario, trace):
 
 @pytest.mark.parametrize("query, why", [
     ("collect[]=gpus", "unknown collector 'gpus'"),
-    ("collect[]=gpu&collect[]=processes", "collector 'processes' in collect[] is disabled"),
+    ("collect[]=gpu&collect[]=processes", "collector 'processes' in collect[] is disabled (--collector.processes turns it on)"),
 ])
 def test_a_bad_collect_parameter_is_a_400(run_exporter, scenario, query, why):
     scenario.write(HOPPER)

@@ -283,7 +283,7 @@ class Router:
             if name not in COLLECTOR_NAMES:
                 return f"400 unknown collector {name!r} in collect[] (collectors: {', '.join(COLLECTOR_NAMES)})"
             if name not in self._enabled:
-                return f"400 collector {name!r} in collect[] is disabled (--no-collector.{name})"
+                return f"400 collector {name!r} in collect[] is disabled (--collector.{name} turns it on)"
         return frozenset(asked)
 
     def _metrics(self, request: Request) -> Response:
