@@ -11,7 +11,7 @@ import io
 import json
 import re
 import subprocess
-import tomllib
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,8 @@ from fakenvml import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+# the installed distribution's metadata (pyproject.toml as built; tomllib is not in Python 3.10)
+DIST = distribution("resmon-exporter")
 NON_ROOT = REPO / "deploy" / "kubernetes" / "components" / "non-root" / "kustomization.yaml"
 # what a test run leaves beside the sources (scripts/test.sh's venvs above all: ~820 MB)
 NEVER_SENT = [".venv/bin/python", ".venv-3.10/lib/x.py", ".venv-3.13/pyvenv.cfg", ".git/HEAD", "tests/test_image.py",
@@ -43,9 +44,13 @@ def default_port() -> int:
 
 
 def console_script() -> str:
-    [(name, target)] = PYPROJECT["project"]["scripts"].items()
-    assert target == "resmon_exporter.cli:main"
-    return name
+    [script] = [e for e in DIST.entry_points if e.group == "console_scripts"]
+    assert script.value == "resmon_exporter.cli:main"
+    return script.name
+
+
+def declared_extras() -> set[str]:
+    return set(DIST.metadata.get_all("Provides-Extra") or ())
 
 
 def non_root_uid() -> int:
@@ -74,7 +79,7 @@ def dockerfile_problems(text: str) -> list[str]:
         problems.append("HEALTHCHECK: Kubernetes ignores it and it fixes port and scheme")
     args = dict(value.split("=", 1) for kind, value in steps if kind == "ARG" and "=" in value)
     extras = [e for e in args.get("EXTRAS", "").split(",") if e]
-    declared = PYPROJECT["project"]["optional-dependencies"]
+    declared = declared_extras()
     if "kubernetes" not in extras:
         problems.append(f"EXTRAS default {extras} lacks kubernetes (the kubelet client)")
     if "gpu-tracker" in extras:
