@@ -24,8 +24,10 @@ SPEC_COPY = REPO / "tests" / "data" / "metrics-contract.md"
 def doc_rows() -> dict[str, tuple[str, set[str]]]:
     rows = {}
     for line in DOC.read_text().splitlines():
+        if not line.startswith("| `resmon_"):  # table rows only: prose may start with a family name
+            continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 3 and cells[0].startswith("`resmon_"):
+        if len(cells) >= 3:
             labels = set(re.findall(r"`([a-z_]+)`", cells[2]))
             rows[cells[0].strip("`")] = (cells[1], labels)
     return rows
