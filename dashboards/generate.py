@@ -170,6 +170,26 @@ def column_units(units: dict[str, str]) -> list[dict[str, Any]]:
             for name, unit in units.items()]
 
 
+def info_table(title: str, info: str, columns: list[tuple[str, str, str]], labels: list[str], description: str,
+               hide: tuple[str, ...] = (), rename: dict[str, str] | None = None, sort: str | None = None) -> dict[str, Any]:
+    """A table panel with one row per series of an _info family (query A, its value hidden)
+    and a column per (name, unit, expr) after it (queries B, C, ...: each joined onto the
+    info series by the caller's expr); labels: the label columns first, in this order."""
+    refs = [chr(ord("B") + i) for i in range(len(columns))]
+    t = panel("table", title, [target(info, "", "A", instant=True, table=True)]
+              + [target(expr, "", ref, instant=True, table=True) for ref, (_, _, expr) in zip(refs, columns)],
+              description=description)
+    t["transformations"] = merged_table(
+        exclude={name: True for name in ("Time", "Value #A", "__name__", "job", *hide)},
+        index={**{label: i for i, label in enumerate(labels)},
+               **{f"Value #{ref}": len(labels) + i for i, ref in enumerate(refs)}},
+        rename={**(rename or {}), **{f"Value #{ref}": name for ref, (name, _, _) in zip(refs, columns)}})
+    t["fieldConfig"]["overrides"] = column_units({name: unit for name, unit, _ in columns})
+    if sort is not None:
+        t["options"] = {"sortBy": [{"displayName": sort, "desc": False}]}
+    return t
+
+
 def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
     return [{"type": "value", "options": {v: {"text": text, "color": color, "index": i}
                                           for i, (v, (text, color)) in enumerate(texts.items())}}]
@@ -301,23 +321,14 @@ def node() -> dict[str, Any]:
         (f"resmon_gpu_nvlink_bandwidth_bytes_per_second{{{GSEL}}}", GPU_LEGEND + " NVLink {{direction}}"),
         (f"resmon_gpu_mig_pcie_bandwidth_bytes_per_second{{{GSEL}}}", GPU_LEGEND + " GI {{gpu_instance_id}} PCIe {{direction}}"),
     ], "Bps", min=0, description="GPM bandwidths (DCGM_FI_PROF_PCIE_TX/RX_BYTES, DCGM_FI_PROF_NVLINK_TX/RX_BYTES)."), 12, 8)
-    mig = panel("table", "MIG instances", [
-        target(f"resmon_gpu_mig_info{{{GSEL}}}", "", "A", instant=True, table=True),
-        target(f"resmon_gpu_mig_memory_used_bytes{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
-               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "B", instant=True, table=True),
-        target(f"resmon_gpu_mig_memory_total_bytes{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
-               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "C", instant=True, table=True),
-        target(f"resmon_gpu_mig_sm_active_ratio{{{GSEL}}} * on (job, instance, gpu, uuid, gpu_instance_id) "
-               f"group_right resmon_gpu_mig_info{{{GSEL}}}", "", "D", instant=True, table=True),
-    ], description="One row per MIG device (compute instance): its GPU and compute instance, profile and MIG UUID, "
-                   "and its GPU instance's memory and SM activity (shared by the instance's compute instances).")
-    mig["transformations"] = merged_table(
-        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True},
-        index={"instance": 0, "gpu": 1, "gpu_instance_id": 2, "compute_instance_id": 3, "profile": 4,
-               "mig_uuid": 5, "Value #B": 6, "Value #C": 7, "Value #D": 8},
-        rename={"Value #B": "GI memory used", "Value #C": "GI memory", "Value #D": "GI SM active"})
-    mig["fieldConfig"]["overrides"] = column_units(
-        {"GI memory used": "bytes", "GI memory": "bytes", "GI SM active": "percentunit"})
+    mig_join = f"* on (job, instance, gpu, uuid, gpu_instance_id) group_right resmon_gpu_mig_info{{{GSEL}}}"
+    mig = info_table("MIG instances", f"resmon_gpu_mig_info{{{GSEL}}}", [
+        ("GI memory used", "bytes", f"resmon_gpu_mig_memory_used_bytes{{{GSEL}}} {mig_join}"),
+        ("GI memory", "bytes", f"resmon_gpu_mig_memory_total_bytes{{{GSEL}}} {mig_join}"),
+        ("GI SM active", "percentunit", f"resmon_gpu_mig_sm_active_ratio{{{GSEL}}} {mig_join}"),
+    ], ["instance", "gpu", "gpu_instance_id", "compute_instance_id", "profile", "mig_uuid"],
+        description="One row per MIG device (compute instance): its GPU and compute instance, profile and MIG UUID, "
+                    "and its GPU instance's memory and SM activity (shared by the instance's compute instances).")
     lay.add(mig, 24, 7)
     lay.row("Who uses the GPU")
     lay.add(ts("VRAM by process", [(who(PROC_MEM), GPU_LEGEND + " {{who}}")], "bytes", min=0,
@@ -327,46 +338,31 @@ def node() -> dict[str, Any]:
     lay.add(ts("SM utilization by process", [(who(PROC_SM), GPU_LEGEND + " {{who}}")], "percentunit", min=0,
                description="Share of the GPU's SM time each process used since the previous refresh (NVML process "
                            "utilization samples); not on MIG GPUs. Needs --collector.processes."), 12, 8)
-    allocations = panel("table", "GPU allocations by pod", [
-        target(ALLOCATIONS, "", "A", instant=True, table=True),
-        target(f"sum by ({POD_BY}) ({POD_MEM}) * on ({POD_BY}) group_right {ALLOCATIONS}",
-               "", "B", instant=True, table=True),
-        target(f"resmon_gpu_memory_used_bytes{{{GSEL}}} * on ({GPU_BY}) group_right {ALLOCATIONS}",
-               "", "C", instant=True, table=True),
-    ], description="Every container holding a GPU, from the kubelet's PodResources API (kubernetes collector): the "
-                   "device id the device plugin gave it (GPU-...::N with time-slicing, MIG-... for a MIG "
-                   "instance), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
-                   "it holds; empty: none, or the processes collector is off), and the VRAM of the whole device, "
-                   "shared by every pod on it.")
-    allocations["transformations"] = merged_table(
-        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True},
-        index={"namespace": 0, "pod": 1, "container": 2, "resource": 3, "device_id": 4, "instance": 5,
-               "gpu": 6, "uuid": 7, "Value #B": 8, "Value #C": 9},
-        rename={"Value #B": "Container VRAM", "Value #C": "Device VRAM (all pods)"})
-    allocations["fieldConfig"]["overrides"] = column_units(
-        {"Container VRAM": "bytes", "Device VRAM (all pods)": "bytes"})
-    allocations["options"] = {"sortBy": [{"displayName": "namespace", "desc": False}]}
+    allocations = info_table("GPU allocations by pod", ALLOCATIONS, [
+        ("Container VRAM", "bytes", f"sum by ({POD_BY}) ({POD_MEM}) * on ({POD_BY}) group_right {ALLOCATIONS}"),
+        ("Device VRAM (all pods)", "bytes",
+         f"resmon_gpu_memory_used_bytes{{{GSEL}}} * on ({GPU_BY}) group_right {ALLOCATIONS}"),
+    ], ["namespace", "pod", "container", "resource", "device_id", "instance", "gpu", "uuid"], sort="namespace",
+        description="Every container holding a GPU, from the kubelet's PodResources API (kubernetes collector): the "
+                    "device id the device plugin gave it (GPU-...::N with time-slicing, MIG-... for a MIG "
+                    "instance), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
+                    "it holds; empty: none, or the processes collector is off), and the VRAM of the whole device, "
+                    "shared by every pod on it.")
     lay.add(allocations, 24, 8)
-    jobs = panel("table", "Slurm jobs", [
-        target(JOBS, "", "A", instant=True, table=True),
-        target(f'sum by ({JOB_BY}) (resmon_gpu_process_memory_used_bytes{{{GSEL}, job_id!=""}}) '
-               f"* on ({JOB_BY}) group_right {JOBS}", "", "B", instant=True, table=True),
-        target(f'sum by ({JOB_BY}) (resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm", job_id!=""}}) '
-               f"* on ({JOB_BY}) group_right {JOBS}", "", "C", instant=True, table=True),
-        target(f'rate(resmon_gpu_busy_seconds_total{{{GSEL}, engine="gpu"}}[$__rate_interval]) '
-               f"* on ({GPU_BY}) group_right {JOBS}", "", "D", instant=True, table=True),
-    ], description="Every Slurm job with a process on a GPU (its cgroup's job_<id>; a job array's task shows its "
-                   "own job id, sacct's JobIDRaw), one row per GPU: the owner, the VRAM and SM share of the job's "
-                   "own processes there, and the whole GPU's busy share, which is the job's on a GPU it has to "
-                   "itself. Needs --collector.processes (off by default).")
-    jobs["transformations"] = merged_table(
-        exclude={"Time": True, "Value #A": True, "__name__": True, "job": True, "scheduler": True},
-        index={"job_id": 0, "user": 1, "instance": 2, "gpu": 3, "uuid": 4, "Value #B": 5, "Value #C": 6,
-               "Value #D": 7},
-        rename={"job_id": "Slurm job", "Value #B": "Job VRAM", "Value #C": "Job SM", "Value #D": "GPU busy"})
-    jobs["fieldConfig"]["overrides"] = column_units(
-        {"Job VRAM": "bytes", "Job SM": "percentunit", "GPU busy": "percentunit"})
-    jobs["options"] = {"sortBy": [{"displayName": "Slurm job", "desc": False}]}
+    jobs = info_table("Slurm jobs", JOBS, [
+        ("Job VRAM", "bytes", f'sum by ({JOB_BY}) (resmon_gpu_process_memory_used_bytes{{{GSEL}, job_id!=""}}) '
+                              f"* on ({JOB_BY}) group_right {JOBS}"),
+        ("Job SM", "percentunit",
+         f'sum by ({JOB_BY}) (resmon_gpu_process_utilization_ratio{{{GSEL}, engine="sm", job_id!=""}}) '
+         f"* on ({JOB_BY}) group_right {JOBS}"),
+        ("GPU busy", "percentunit", f'rate(resmon_gpu_busy_seconds_total{{{GSEL}, engine="gpu"}}[$__rate_interval]) '
+                                    f"* on ({GPU_BY}) group_right {JOBS}"),
+    ], ["job_id", "user", "instance", "gpu", "uuid"], hide=("scheduler",), rename={"job_id": "Slurm job"},
+        sort="Slurm job",
+        description="Every Slurm job with a process on a GPU (its cgroup's job_<id>; a job array's task shows its "
+                    "own job id, sacct's JobIDRaw), one row per GPU: the owner, the VRAM and SM share of the job's "
+                    "own processes there, and the whole GPU's busy share, which is the job's on a GPU it has to "
+                    "itself. Needs --collector.processes (off by default).")
     lay.add(jobs, 24, 7)
     lay.row("Power and thermals")
     lay.add(ts("Temperature", [

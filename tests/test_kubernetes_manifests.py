@@ -682,10 +682,26 @@ def test_service_and_selectors(built: dict[str, list[dict[str, Any]]], build: st
     assert pod_spec(built, build)["serviceAccountName"] == one(built, build, "ServiceAccount")["metadata"]["name"]
 
 
-def test_the_job_name_matches_the_shipped_alerts(built: dict[str, list[dict[str, Any]]]) -> None:
-    # a ServiceMonitor's job label is the Service's name; ResmonExporterDown/Absent select job=~"..."
+def alert_job_patterns() -> set[str]:
+    """The job regexes ResmonExporterDown/Absent select (job=~"...")."""
     patterns = set(re.findall(r'up\{job=~"([^"]+)"\}', RULES.read_text()))
     assert patterns
+    return patterns
+
+
+def check_monitor(built: dict[str, list[dict[str, Any]]], build: str, monitor: dict[str, Any], endpoint: dict[str, Any]) -> None:
+    """What the ServiceMonitor and the PodMonitor share: the release label kube-prometheus-stack
+    selects by (on the PrometheusRule too), and the endpoint's scrape."""
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert one(built, build, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert endpoint["honorLabels"] is True
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in endpoint["relabelings"]
+
+
+def test_the_job_name_matches_the_shipped_alerts(built: dict[str, list[dict[str, Any]]]) -> None:
+    # a ServiceMonitor's job label is the Service's name
+    patterns = alert_job_patterns()
     for pattern in patterns:
         assert re.fullmatch(pattern, one(built, "prometheus-operator", "Service")["metadata"]["name"])
 
@@ -693,16 +709,11 @@ def test_the_job_name_matches_the_shipped_alerts(built: dict[str, list[dict[str,
 @pytest.mark.parametrize("build", [b for b in BUILDS if "prometheus-operator" in MADE_OF[b]])
 def test_servicemonitor(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     monitor = one(built, build, "ServiceMonitor")
-    rule = one(built, build, "PrometheusRule")
     service = one(built, build, "Service")
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     [endpoint] = monitor["spec"]["endpoints"]
+    check_monitor(built, build, monitor, endpoint)
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
-    assert endpoint["honorLabels"] is True
-    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
-    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in endpoint["relabelings"]
     assert "namespaceSelector" not in monitor["spec"]  # the ServiceMonitor's own namespace
     assert not objects(built, build, "PodMonitor")  # one or the other, never both (double scrapes)
 
@@ -710,19 +721,15 @@ def test_servicemonitor(built: dict[str, list[dict[str, Any]]], build: str) -> N
 @pytest.mark.parametrize("build", [b for b in BUILDS if monitor_kind(b) == "PodMonitor"])
 def test_podmonitor(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     monitor = one(built, build, "PodMonitor")
-    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert one(built, build, "PrometheusRule")["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     pod = one(built, build, "DaemonSet")["spec"]["template"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    check_monitor(built, build, monitor, endpoint)
     assert endpoint["port"] in {p["name"] for p in container(built, build)["ports"]}
-    assert (endpoint["path"], endpoint["honorLabels"]) == ("/metrics", True)
-    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
-    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"} in endpoint["relabelings"]
+    assert endpoint["path"] == "/metrics"
     # the job label is the pods' app.kubernetes.io/name, which the shipped alerts select
     job = pod["metadata"]["labels"][monitor["spec"]["jobLabel"]]
-    patterns = set(re.findall(r'up\{job=~"([^"]+)"\}', RULES.read_text()))
-    assert patterns and all(re.fullmatch(p, job) for p in patterns), job
+    assert all(re.fullmatch(p, job) for p in alert_job_patterns()), job
     assert not objects(built, build, "ServiceMonitor")  # one or the other, never both (double scrapes)
 
 
