@@ -18,7 +18,7 @@ from typing import Callable, Iterator, TypeVar
 import pytest
 
 from resmon_exporter import ResourceMonitor
-from resmon_exporter.backends.amdgpu import errors as sysfs
+from resmon_exporter.backends.drm import errors as sysfs
 from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
 from resmon_exporter.samples import GpuReading

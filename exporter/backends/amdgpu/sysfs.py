@@ -3,13 +3,12 @@
 Cards are the /sys/class/drm entries named ``card<N>`` (any number of digits: MI300X in CPX
 mode has card192) whose device is a PCI device bound to amdgpu; connectors (card0-DP-1),
 render nodes and compute partitions (amdgpu_xcp platform devices, which lack the amdgpu
-attributes: they are part of their PCI card) are skipped. At start GPUs are numbered in
-PCI address order (as NVML does); while the exporter runs a card keeps its index and a
-card seen for the first time gets the next free one, so an index never changes meaning:
-a card that disappears stays, down, under its index. Per card, identity (uuid, name, PCI
+attributes: they are part of their PCI card) are skipped (drm/cards.py). Indices, cards
+that leave and cards that stop answering are drm/tracker.py's, shared with the intel
+backend. Per card, identity (uuid, name, PCI
 address, max clocks, which attribute files the board has) is read once, when the card
 appears (and again when it comes back after leaving /sys/class/drm); each refresh then
-reads only the value files the board has. Every read goes through errors.py, the one
+reads only the value files the board has. Every read goes through drm/errors.py, the one
 place sysfs errors are classified. The refresh runs on the monitor's GPU worker thread,
 so a read that blocks on a hung GPU is bounded by --collect.timeout as a hung NVML call is.
 
@@ -26,14 +25,15 @@ import re
 from dataclasses import dataclass, field, replace
 from os.path import join
 
-from ...logs import fields
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import BackendError, GpuOptions
-from . import errors as sysfs
+from ..drm import errors as sysfs
+from ..drm.cards import Card
+from ..drm.cards import find_cards as drm_cards
+from ..drm.tracker import CardTracker
 
 AMDGPU_IDS = "/usr/share/libdrm/amdgpu.ids"  # Debian's libdrm-common: "device, revision, name"
-_CARD = re.compile(r"card\d+")
-_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_DRIVERS = frozenset({"amdgpu"})
 # value files read on every refresh, where the board has them
 _DEVICE_VALUES = (
     "mem_info_vram_total", "mem_info_vram_used", "mem_info_gtt_total", "mem_info_gtt_used",
@@ -45,14 +45,6 @@ _HWMON_VALUES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Card:
-    """A DRM card of the amdgpu driver, as discovery found it."""
-
-    pci: str  # 0000:03:00.0, lower case
-    device_dir: str  # the PCI device directory (symlinks resolved)
-
-
 @dataclass(slots=True)
 class _State:
     """What is known of one card: its identity and the files it has (read once)."""
@@ -61,9 +53,6 @@ class _State:
     identity: GpuIdentity
     hwmon: str | None
     has: frozenset[str]  # names of the value files present, "hwmon/<name>" for hwmon ones
-    present: bool = True  # in /sys/class/drm at the last refresh
-    answering: bool = True  # its last refresh did not end in ENODEV / ENXIO
-    stale: bool = False  # it left /sys/class/drm: identified again when it is back (maybe another board)
     missing_max: frozenset[str] = field(default_factory=frozenset)  # max clocks still to read
 
 
@@ -77,28 +66,7 @@ def _pci_key(pci: str) -> _PciKey:
 
 def find_cards(sysfs_root: str) -> list[Card] | None:
     """The amdgpu cards, by PCI address; None when /sys/class/drm cannot be listed."""
-    drm = join(sysfs_root, "class", "drm")
-    names = sysfs.listdir(drm)
-    if names is None:
-        return None
-    cards: dict[str, Card] = {}
-    for name in names:
-        if not _CARD.fullmatch(name):
-            continue  # connectors (card0-DP-1), renderD128, version
-        device = os.path.realpath(join(drm, name, "device"))
-        pci = os.path.basename(device).lower()
-        if not _PCI_ADDRESS.fullmatch(pci) or pci in cards:
-            continue  # a compute partition's platform device: part of its PCI card
-        # the driver link, not uevent: a readlink per card and refresh, no file opened
-        driver = sysfs.link_name(join(device, "driver"))
-        if driver is None:  # no link (odd trees): what uevent says
-            try:
-                driver = sysfs.uevent(sysfs.read(join(device, "uevent"), device)).get("DRIVER")
-            except sysfs.Gone:
-                continue  # removed while we looked
-        if driver == "amdgpu":
-            cards[pci] = Card(pci, device)
-    return [cards[p] for p in sorted(cards)]
+    return drm_cards(sysfs_root, _DRIVERS)
 
 
 def load_ids(path: str) -> dict[tuple[str, str], str]:
@@ -126,8 +94,7 @@ class AmdgpuBackend:
         self._options = options or GpuOptions()
         self._ids_file = ids_file
         self._ids: dict[tuple[str, str], str] | None = None  # loaded when a card needs a name
-        self._cards: dict[str, _State] = {}  # by PCI address, every card identified since start
-        self._index: dict[str, int] = {}  # PCI address -> GPU index, given when first seen, kept
+        self._cards: CardTracker[_State] = CardTracker(log, "AMD", self._identify)
         self._kfd_proc = join(sysfs_root, "class", "kfd", "kfd", "proc")
         self._kfd_nodes = join(sysfs_root, "class", "kfd", "kfd", "topology", "nodes")
         self._topology: dict[_PciKey, tuple[int, ...]] = {}  # card -> KFD gpu_ids (several when partitioned)
@@ -241,70 +208,23 @@ class AmdgpuBackend:
         if ordered != state.identity.clock_max_hertz:
             state.identity = replace(state.identity, clock_max_hertz=ordered)
 
-    def _leave(self, pci: str, state: _State) -> None:
-        if state.present:
-            state.present, state.stale = False, True
-            self._log.warning("AMD GPU disappeared; reporting it down",
-                              extra=fields(pci_bus_id=pci, uuid=state.identity.uuid))
-
-    def _sync(self, cards: list[Card]) -> None:
-        """Identities for cards that appeared, came back or moved; cards that went are marked."""
-        now = {c.pci for c in cards}
-        for pci, state in self._cards.items():
-            if pci not in now:
-                self._leave(pci, state)
-        for pci in sorted(now - self._index.keys()):  # by PCI address at start; later ones after the rest
-            self._index[pci] = len(self._index)
-        found = []
-        for card in cards:
-            known = self._cards.get(card.pci)
-            if known is not None and not known.stale and known.card == card:
-                continue
-            try:
-                self._cards[card.pci] = self._identify(card, self._index[card.pci])
-            except sysfs.Gone:
-                continue  # removed (or not answering) while being identified: tried again next refresh
-            found.append(card.pci)
-        if found:
-            self._log.info("AMD GPUs found", extra=fields(cards=",".join(found)))
-
     # -- the refresh --------------------------------------------------------------------
 
     def read(self) -> GpuReading:
         cards = find_cards(self._root)
         if cards is None:  # no DRM class at all: the driver stack is gone
-            for pci, known in self._cards.items():
-                self._leave(pci, known)
+            self._cards.leave_all()
             return GpuReading(backend=self.name, success=False, driver_version=self._driver_version,
-                              devices=self._devices({}))
-        self._sync(cards)
+                              devices=self._cards.devices({}))
+        self._cards.sync(cards)
         kfd = self._kfd_processes()
         if kfd is not None:
             self._refresh_topology(kfd)
-        samples: dict[str, GpuSample] = {}
-        for card in cards:
-            state = self._cards.get(card.pci)
-            if state is None or state.stale:
-                continue  # its identification failed: down (or not listed yet)
-            try:
-                samples[card.pci] = self._sample(state, kfd)
-            except sysfs.Gone as exc:
-                if state.answering:  # logged once, when it stops; each refresh tries it again
-                    state.answering = False
-                    self._log.warning("AMD GPU stopped answering; reporting it down",
-                                      extra=fields(pci_bus_id=card.pci, uuid=state.identity.uuid, error=str(exc)))
-                continue
-            if not state.answering:
-                state.answering = True
-                self._log.info("AMD GPU answers again", extra=fields(pci_bus_id=card.pci, uuid=state.identity.uuid))
+        samples = self._cards.sample(cards, lambda state: self._sample(state, kfd))
         # enumerated cards, answering or not (as nvmlDeviceGetCount): a card that answers ENODEV
         # is down, not missing (ResmonGpuMissing compares this count with its past maximum)
         return GpuReading(backend=self.name, success=True, device_count=len(cards),
-                          driver_version=self._driver_version, devices=self._devices(samples))
-
-    def _devices(self, samples: dict[str, GpuSample]) -> tuple[GpuSample, ...]:
-        states = sorted(self._cards.items(), key=lambda item: item[1].identity.index)
-        return tuple(samples.get(pci) or GpuSample(state.identity, up=False) for pci, state in states)
+                          driver_version=self._driver_version, devices=self._cards.devices(samples))
 
     def _sample(self, state: _State, kfd: dict[int, dict[int, int]] | None) -> GpuSample:
         d, has, hwmon = state.card.device_dir, state.has, state.hwmon

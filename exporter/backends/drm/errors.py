@@ -1,6 +1,6 @@
-"""The one place that turns sysfs reads into what the exporter does about them (amdgpu).
+"""The one place that turns sysfs reads into what the exporter does about them (amdgpu and intel).
 
-Every attribute of the amdgpu backend is read through read(), and every value parsed by
+Every attribute of the amdgpu and intel backends is read through read(), and every value parsed by
 the helpers below, so the errno policy lives here and nowhere else:
 
 - the card is gone (its device directory vanished, or the driver answers ENODEV / ENXIO:

@@ -1,0 +1,55 @@
+"""DRM cards in sysfs, by driver: what the amdgpu and intel backends enumerate.
+
+Cards are the /sys/class/drm entries named ``card<N>`` (any number of digits: MI300X in CPX
+mode has card192) whose device is a PCI device bound to one of the wanted drivers;
+connectors (card0-DP-1), render nodes and platform devices (amdgpu compute partitions,
+which are part of their PCI card) are skipped. Sorted by PCI address, as NVML numbers GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from os.path import join
+
+from . import errors as sysfs
+
+_CARD = re.compile(r"card\d+")
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """A DRM card, as discovery found it."""
+
+    pci: str  # 0000:03:00.0, lower case
+    device_dir: str  # the PCI device directory (symlinks resolved)
+    driver: str = "amdgpu"  # the PCI device's driver: amdgpu, i915, xe
+    card_dir: str = ""  # /sys/class/drm/card<N> (i915 keeps its GT frequencies there, not on the device)
+
+
+def find_cards(sysfs_root: str, drivers: frozenset[str]) -> list[Card] | None:
+    """The cards of these drivers, by PCI address; None when /sys/class/drm cannot be listed."""
+    drm = join(sysfs_root, "class", "drm")
+    names = sysfs.listdir(drm)
+    if names is None:
+        return None
+    cards: dict[str, Card] = {}
+    for name in sorted(names, key=lambda n: (len(n), n)):  # card0 before card10: the lowest minor names the card
+        if not _CARD.fullmatch(name):
+            continue  # connectors (card0-DP-1), renderD128, version
+        device = os.path.realpath(join(drm, name, "device"))
+        pci = os.path.basename(device).lower()
+        if not _PCI_ADDRESS.fullmatch(pci) or pci in cards:
+            continue  # a compute partition's platform device: part of its PCI card
+        # the driver link, not uevent: a readlink per card and refresh, no file opened
+        driver = sysfs.link_name(join(device, "driver"))
+        if driver is None:  # no link (odd trees): what uevent says
+            try:
+                driver = sysfs.uevent(sysfs.read(join(device, "uevent"), device)).get("DRIVER")
+            except sysfs.Gone:
+                continue  # removed while we looked
+        if driver in drivers:
+            cards[pci] = Card(pci, device, driver, join(drm, name))
+    return [cards[p] for p in sorted(cards)]
