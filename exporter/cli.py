@@ -161,7 +161,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("web.read-header-timeout", 10.0, _duration(_HOUR, positive=True), "Time a client has to send a request head."),
     Flag("web.idle-timeout", 120.0, _duration(_HOUR, positive=True), "Close kept-alive connections idle this long."),
     Flag("web.timeout-offset", 0.5, _duration(60.0), "Subtracted from Prometheus' scrape timeout to get the refresh deadline."),
-    Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, amdgpu, gpu-tracker or none."),
+    Flag("gpu.backend", "auto", _choice(BACKEND_CHOICES), "GPU backend: auto, nvml, amdgpu, intel, gpu-tracker or none."),
     Flag("collect.cache-ttl", 1.0, _duration(_HOUR), "Reuse a snapshot younger than this (e.g. 1s, 500ms; 0 = never)."),
     Flag("collect.timeout", 5.0, _duration(600.0, positive=True), "Longest a refresh may wait for the GPU before reporting it down."),
     Flag("collect.slow-interval", 30.0, _duration(_HOUR), "Read values that change rarely (ECC, remapped rows, NVLink state and errors, PCIe link, MIG layout, UUID) this often (0 = every refresh)."),
@@ -177,7 +177,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("collector.processes.group-by", "process", _choice(GROUP_BY), "One series per process, or per container (summed; no pid, process, user labels)."),
     Flag("collector.processes.max-per-gpu", 64, _whole_number(1), "Most process series per GPU and family, the largest by memory (and allocation series per GPU)."),
     Flag("path.procfs", "/proc", str, "procfs mount point: the host's /proc when running in a container (NVML reports host PIDs)."),
-    Flag("path.sysfs", "/sys", str, "sysfs mount point: where the amdgpu backend finds the cards (the host's /sys in a container)."),
+    Flag("path.sysfs", "/sys", str, "sysfs mount point: where the amdgpu and intel backends find the cards (the host's /sys in a container)."),
     _collector("kubernetes"),
     Flag("kubernetes.pod-resources-socket", POD_RESOURCES_SOCKET, _socket_path, "The kubelet's PodResources API socket."),
     Flag("kubernetes.cache-ttl", 5.0, _duration(_HOUR), "Reuse the kubelet's List answer this long."),
@@ -245,7 +245,7 @@ def _shown(default: Any) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
-        description="Prometheus exporter for NVIDIA GPU (NVML), AMD GPU (amdgpu sysfs) and host resources.",
+        description="Prometheus exporter for NVIDIA GPU (NVML), AMD GPU (amdgpu sysfs), Intel GPU (xe/i915 sysfs) and host resources.",
         allow_abbrev=False,
         formatter_class=_HelpFormatter,
     )

@@ -207,6 +207,7 @@ def _gpu_options(options: MonitorOptions) -> GpuOptions:
     return GpuOptions(
         health=on("health"), nvlink=on("nvlink"), xid=on("xid"), processes=on("processes"),
         profiling=on("profiling"), mig=on("mig"), mig_devices=on("kubernetes"), sysfs=options.sysfs,
+        procfs=options.processes.procfs,
         slow_interval=options.slow_interval, metrics=options.metrics,
     )
 

@@ -22,6 +22,7 @@ from resmon_exporter.backends.drm import errors as sysfs
 from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
 from resmon_exporter.samples import GpuReading
+from fake_fdinfo import FakeProc, amdgpu_client
 from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
 
 HERE = Path(__file__).parent
@@ -31,8 +32,10 @@ HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
 T = TypeVar("T")
 
 
-def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids") -> AmdgpuBackend:
-    return AmdgpuBackend(logging.getLogger("test.amdgpu"), str(root), GpuOptions(processes=processes), ids_file=ids_file)
+def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids", procfs: str = "/nonexistent/proc") -> AmdgpuBackend:
+    # procfs: where DRM client usage stats are read (with processes); none by default
+    options = GpuOptions(processes=processes, procfs=procfs)
+    return AmdgpuBackend(logging.getLogger("test.amdgpu"), str(root), options, ids_file=ids_file)
 
 
 def by_pci(reading: GpuReading) -> dict:
@@ -326,6 +329,26 @@ def test_without_kfd_process_counts_are_absent_not_zero(tree):
     shutil.rmtree(tree.root / "class" / "kfd")
     got = by_pci(backend(tree.root, processes=True).read())
     assert got[RX].processes is None and got[RX].process_list is None
+
+
+def test_drm_clients_add_graphics_processes_and_utilization_and_kfd_vram_wins(tree, tmp_path):
+    proc = FakeProc(tmp_path / "proc")
+    proc.add_process(100)  # a ROCm process: KFD says 1 GiB, its render fd says 3 GiB (KFD wins)
+    proc.add_drm_fd(100, 5, amdgpu_client(RX, 11, gfx_ns=0, vram_kib=3 * GIB // 1024))
+    proc.add_process(200, comm="Xorg")  # a graphics client KFD does not know
+    proc.add_drm_fd(200, 7, amdgpu_client(RX, 12, gfx_ns=0, vram_kib=256 * 1024))
+    tree.process(100, {47823: GIB})
+    b = backend(tree.root, processes=True, procfs=str(proc.root))
+    got = by_pci(b.read())[RX]
+    assert [(p.pid, p.memory_bytes, p.utilization) for p in got.process_list] == [(100, GIB, ()), (200, 256 * MIB, ())]
+    assert got.processes == 2
+    proc.set_fdinfo(200, 7, amdgpu_client(RX, 12, gfx_ns=10**12, vram_kib=256 * 1024))
+    got = by_pci(b.read())[RX]
+    assert dict(got.process_list[1].utilization)["gfx"] > 0  # busy since the first read (rate, clamped to 1)
+    # without KFD the DRM clients are still listed, but their count is unknown: /proc may be a container's own
+    shutil.rmtree(tree.root / "class" / "kfd")
+    got = by_pci(backend(tree.root, processes=True, procfs=str(proc.root)).read())[RX]
+    assert got.processes is None and [p.pid for p in got.process_list] == [100, 200]
 
 
 # -- what a refresh touches ---------------------------------------------------------------

@@ -1,6 +1,7 @@
 """GPU backends: each turns one vendor interface into a GpuReading per refresh.
 
-nvml/ (NVIDIA, through pynvml), amdgpu/ (AMD, from sysfs), gpu_tracker/ (the vendor CLIs),
+nvml/ (NVIDIA, through pynvml), amdgpu/ (AMD, from sysfs), intel/ (xe and i915, from sysfs),
+drm/ (what amdgpu and intel share), gpu_tracker/ (the vendor CLIs),
 auto (the first that works); each backend package owns its vendor's error boundary. The
 vendor packages are imported only when their backend is chosen.
 """
@@ -37,6 +38,11 @@ def make_backend(
 
         sysfs = (options or GpuOptions()).sysfs
         return bounded(lambda: amdgpu_backend(log, sysfs, options), timeout, "--gpu.backend=amdgpu: finding cards")
+    if choice == "intel":
+        from .intel.backend import explicit_backend as intel_backend
+
+        sysfs = (options or GpuOptions()).sysfs
+        return bounded(lambda: intel_backend(log, sysfs, options), timeout, "--gpu.backend=intel: finding cards")
     if choice == "gpu-tracker":
         from .gpu_tracker.backend import explicit_backend
 

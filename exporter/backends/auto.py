@@ -1,11 +1,11 @@
 """--gpu.backend=auto: NVML when it initialises and sees a GPU; else amdgpu when a DRM card
-of the amdgpu driver is in sysfs; else gpu-tracker when its extra is installed and
+of the amdgpu driver is in sysfs; else intel when a card of the xe or i915 driver is; else gpu-tracker when its extra is installed and
 nvidia-smi or amd-smi answers; else none.
 
 NVML keeps being retried (with the NVML backend's backoff) while another backend serves,
 so a host that booted before its driver was loaded picks NVML up later. Once NVML has
 seen a GPU the choice is final: later NVML faults show as GPUs down, not as a switch.
-Once amdgpu (or gpu-tracker) is chosen it stays; while on none, sysfs is looked at again
+Once amdgpu, intel (or gpu-tracker) is chosen it stays; while on none, sysfs is looked at again
 on every refresh (a directory listing) and the CLIs with a backoff.
 """
 
@@ -19,6 +19,8 @@ from ..samples import GpuReading
 from .amdgpu.sysfs import AmdgpuBackend, find_cards
 from .base import GpuOptions, NoGpuBackend
 from .gpu_tracker.backend import GpuTrackerBackend, detect_vendor, extra_installed
+from .intel.backend import IntelBackend
+from .intel.backend import find_cards as find_intel_cards
 from .nvml.backend import NvmlBackend
 
 _CLI_RETRY_MIN, _CLI_RETRY_MAX = 30.0, 600.0
@@ -31,7 +33,7 @@ class AutoBackend:
         self._options = options or GpuOptions()
         self._nvml = NvmlBackend(log, options=options, device_timeout=timeout)
         self._nvml_final = False
-        self._fallback: AmdgpuBackend | GpuTrackerBackend | NoGpuBackend | None = None
+        self._fallback: AmdgpuBackend | IntelBackend | GpuTrackerBackend | NoGpuBackend | None = None
         self._cli_retry_at = 0.0
         self._cli_backoff = _CLI_RETRY_MIN
         self._announced = ""
@@ -69,8 +71,8 @@ class AutoBackend:
             self._announce("nvml", f"NVML sees {count} GPU(s)")
         return bool(count)
 
-    def _choose_fallback(self) -> AmdgpuBackend | GpuTrackerBackend | NoGpuBackend:
-        if isinstance(self._fallback, (AmdgpuBackend, GpuTrackerBackend)):
+    def _choose_fallback(self) -> AmdgpuBackend | IntelBackend | GpuTrackerBackend | NoGpuBackend:
+        if isinstance(self._fallback, (AmdgpuBackend, IntelBackend, GpuTrackerBackend)):
             return self._fallback
         skipped = [f"nvml: {self._nvml.last_error or 'no GPU'}"]
         cards = find_cards(self._options.sysfs)
@@ -79,6 +81,12 @@ class AutoBackend:
             self._announce("amdgpu", f"{len(cards)} amdgpu card(s) in {self._options.sysfs}/class/drm", skipped)
             return self._fallback
         skipped.append("amdgpu: no amdgpu card")
+        intel = find_intel_cards(self._options.sysfs)
+        if intel:
+            self._fallback = IntelBackend(self._log, self._options.sysfs, self._options)
+            self._announce("intel", f"{len(intel)} xe/i915 card(s) in {self._options.sysfs}/class/drm", skipped)
+            return self._fallback
+        skipped.append("intel: no xe or i915 card")
         now = time.monotonic()
         if self._fallback is not None and now < self._cli_retry_at:
             return self._fallback

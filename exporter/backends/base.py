@@ -9,7 +9,7 @@ from typing import Callable, Protocol, TypeVar
 from ..config import FamilyFilter
 from ..samples import GpuReading
 
-BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "amdgpu", "gpu-tracker", "none")
+BACKEND_CHOICES: tuple[str, ...] = ("auto", "nvml", "amdgpu", "intel", "gpu-tracker", "none")
 T = TypeVar("T")
 
 
@@ -18,7 +18,8 @@ class GpuOptions:
     """Which collectors read along with the GPUs (--[no-]collector.health/nvlink/xid/processes/
     profiling/mig);
     mig_devices: the MIG device UUIDs (the kubernetes collector resolves device ids with them);
-    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu backend;
+    sysfs: where sysfs is mounted (--path.sysfs), for the amdgpu and intel backends;
+    procfs: where procfs is mounted (--path.procfs): DRM client usage stats (amdgpu, intel);
     slow_interval: seconds between reads of the values that change rarely (NVML: slow.py);
     metrics: the families served (the NVML backend skips the reads of those left out)."""
 
@@ -30,6 +31,7 @@ class GpuOptions:
     mig: bool = True
     mig_devices: bool = False
     sysfs: str = "/sys"
+    procfs: str = "/proc"
     slow_interval: float = 30.0  # --collect.slow-interval: how often rarely changing values are read
     metrics: FamilyFilter = field(default_factory=FamilyFilter)  # --metrics.include/exclude (NVML: wanted.py)
 
@@ -41,7 +43,7 @@ class BackendError(Exception):
 class GpuBackend(Protocol):
     @property
     def name(self) -> str:
-        """nvml, amdgpu, gpu-tracker or none: what resmon_gpu_backend_info reports."""
+        """nvml, amdgpu, intel, gpu-tracker or none: what resmon_gpu_backend_info reports."""
         ...
 
     def prepare(self) -> None:

@@ -13,7 +13,10 @@ place sysfs errors are classified. The refresh runs on the monitor's GPU worker 
 so a read that blocks on a hung GPU is bounded by --collect.timeout as a hung NVML call is.
 
 Processes come from the KFD proc directory (/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>),
-which lists host PIDs whatever PID namespace the exporter runs in.
+which lists host PIDs whatever PID namespace the exporter runs in. With --collector.processes
+the DRM client usage stats of every process (drm/fdinfo.py) add graphics clients KFD does
+not list and every process's engine utilization; where both report a process's VRAM, KFD's
+figure wins (the kernel's own per-process accounting, readable without ptrace access).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..base import BackendError, GpuOptions
 from ..drm import errors as sysfs
 from ..drm.cards import Card
 from ..drm.cards import find_cards as drm_cards
+from ..drm.fdinfo import DeviceUsage, DrmUsage
 from ..drm.tracker import CardTracker
 
 AMDGPU_IDS = "/usr/share/libdrm/amdgpu.ids"  # Debian's libdrm-common: "device, revision, name"
@@ -103,6 +107,8 @@ class AmdgpuBackend:
         self._topology_ids: frozenset[int] = frozenset()  # every GPU gpu_id of the last scan
         self._unresolved: frozenset[int] = frozenset()  # gpu_ids processes name that the last scan lacked
         self._driver_version = self._read_driver_version()
+        # DRM clients: only for the processes collector (a scan of every process's fds)
+        self._clients = DrmUsage(self._options.procfs, _DRIVERS) if self._options.processes else None
 
     def prepare(self) -> None:
         pass  # nothing slow: discovery is a directory listing
@@ -220,13 +226,16 @@ class AmdgpuBackend:
         kfd = self._kfd_processes()
         if kfd is not None:
             self._refresh_topology(kfd)
-        samples = self._cards.sample(cards, lambda state: self._sample(state, kfd))
+        usage = self._clients.read() if self._clients is not None else None
+        samples = self._cards.sample(cards, lambda state: self._sample(state, kfd, usage))
         # enumerated cards, answering or not (as nvmlDeviceGetCount): a card that answers ENODEV
         # is down, not missing (ResmonGpuMissing compares this count with its past maximum)
         return GpuReading(backend=self.name, success=True, device_count=len(cards),
                           driver_version=self._driver_version, devices=self._cards.devices(samples))
 
-    def _sample(self, state: _State, kfd: dict[int, dict[int, int]] | None) -> GpuSample:
+    def _sample(
+        self, state: _State, kfd: dict[int, dict[int, int]] | None, usage: dict[str, DeviceUsage] | None = None
+    ) -> GpuSample:
         d, has, hwmon = state.card.device_dir, state.has, state.hwmon
 
         def dev(name: str) -> str | None:
@@ -251,7 +260,7 @@ class AmdgpuBackend:
                 hertz, _ = sysfs.dpm_levels(dev(dpm))
             if hertz is not None:
                 clocks.append((kind, hertz))
-        count, plist = self._processes(state, kfd)
+        count, plist = self._processes(state, kfd, usage)
         return GpuSample(
             identity=state.identity,
             up=True,
@@ -309,17 +318,28 @@ class AmdgpuBackend:
         return out
 
     def _processes(
-        self, state: _State, kfd: dict[int, dict[int, int]] | None
+        self, state: _State, kfd: dict[int, dict[int, int]] | None, usage: dict[str, DeviceUsage] | None
     ) -> tuple[int | None, tuple[GpuProcess, ...] | None]:
         gpu_ids = self._topology.get(_pci_key(state.card.pci), ()) if kfd is not None else ()
-        if kfd is None or not gpu_ids:
-            return None, None  # no KFD, or this card is not in its topology: unknown, not 0
-        mine = []
-        for pid in sorted(kfd):
-            usage = kfd[pid]
-            if any(g in usage for g in gpu_ids):
-                mine.append(GpuProcess(pid, sum(usage.get(g, 0) for g in gpu_ids)))
-        return len(mine), tuple(mine) if self._options.processes else None
+        kfd_known = kfd is not None and bool(gpu_ids)  # no KFD, or this card not in its topology: unknown
+        mine: dict[int, GpuProcess] = {}
+        if kfd_known:
+            assert kfd is not None
+            for pid in sorted(kfd):
+                vram = kfd[pid]
+                if any(g in vram for g in gpu_ids):
+                    mine[pid] = GpuProcess(pid, sum(vram.get(g, 0) for g in gpu_ids))
+        clients = usage.get(state.card.pci) if usage is not None else None
+        for client in clients.processes if clients is not None else ():
+            known = mine.get(client.pid)
+            memory = known.memory_bytes if known is not None else client.memory_bytes  # KFD's VRAM wins
+            mine[client.pid] = GpuProcess(client.pid, memory, client.utilization)
+        if not kfd_known and usage is None:
+            return None, None  # unknown, not 0
+        listed = tuple(mine[pid] for pid in sorted(mine))
+        # the count stays KFD's to give: /proc may be a container's own (no hostPID), where no
+        # DRM client shows, and that is not 0 processes; KFD lists the host's
+        return len(listed) if kfd_known else None, listed if self._options.processes else None
 
 
 def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> AmdgpuBackend:

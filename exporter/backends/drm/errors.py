@@ -32,6 +32,9 @@ _MAX_DIGITS = 20
 _U64_LIMIT = 2**64
 # The driver says the device itself is gone.
 GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENXIO})
+# i915 and xe also answer EIO for every attribute of a wedged GPU (a failed reset): the card is
+# down, not one value absent (amdgpu's EIO is one failed SMU message: that value only)
+INTEL_GONE_ERRNOS = GONE_ERRNOS | {errno.EIO}
 
 
 class Gone(Exception):
@@ -39,19 +42,20 @@ class Gone(Exception):
     exited), or the driver says it has no such device."""
 
 
-def read(path: str, owner: str) -> str | None:
+def read(path: str, owner: str, gone: frozenset[int] = GONE_ERRNOS) -> str | None:
     """The text of one sysfs attribute, stripped; None when it cannot be used (see the
     module docstring). owner: the directory the attribute belongs to (the card's PCI device
-    directory), checked on ENOENT to tell a missing file from a card that disappeared."""
+    directory), checked on ENOENT to tell a missing file from a card that disappeared;
+    gone: the errnos that mean the whole card is down (GONE_ERRNOS, INTEL_GONE_ERRNOS)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        _classify(exc, owner)
+        _classify(exc, owner, gone)
         return None
     try:
         data = os.read(fd, _PAGE)
     except OSError as exc:
-        _classify(exc, owner)
+        _classify(exc, owner, gone)
         return None
     finally:
         os.close(fd)
@@ -61,14 +65,14 @@ def read(path: str, owner: str) -> str | None:
         return None
 
 
-def listdir(path: str, owner: str | None = None) -> list[str] | None:
+def listdir(path: str, owner: str | None = None, gone: frozenset[int] = GONE_ERRNOS) -> list[str] | None:
     """A directory's entries; None when it does not exist or cannot be listed. With
     owner, a vanished owner raises Gone as read() does."""
     try:
         return os.listdir(path)
     except OSError as exc:
         if owner is not None:
-            _classify(exc, owner)
+            _classify(exc, owner, gone)
         return None
 
 
@@ -80,8 +84,8 @@ def link_name(path: str) -> str | None:
         return None
 
 
-def _classify(exc: OSError, owner: str) -> None:
-    if exc.errno in GONE_ERRNOS:
+def _classify(exc: OSError, owner: str, gone: frozenset[int]) -> None:
+    if exc.errno in gone:
         raise Gone(f"{owner}: {os.strerror(exc.errno or 0)}") from None
     if exc.errno == errno.ENOENT and not os.path.isdir(owner):
         raise Gone(f"{owner}: vanished") from None

@@ -1,0 +1,401 @@
+"""DRM client usage stats: what /proc/PID/fdinfo says of each open DRM file (amdgpu, i915, xe).
+
+Linux Documentation/gpu/drm-usage-stats.rst: every open DRM file is a "client" (drm-client-id,
+unique per device, drm-pdev); its fdinfo has ``key:<whitespace>value`` lines: busy time per
+engine class (drm-engine-<name>: N ns, or on xe drm-cycles-<name> over drm-total-cycles-<name>),
+the number of engines in a class (drm-engine-capacity-<name>, default 1) and the memory of its
+buffer objects per region (drm-total-/drm-resident-<region>, legacy amdgpu drm-memory-<region>).
+
+Policy:
+
+- the scan: procfs is listed once per read(); of each process, the lowest
+  max_fds_per_process fds (DRM fds are opened early) are readlink'd, and only those pointing at
+  /dev/dri/cardN or /dev/dri/renderDN have their fdinfo read (one read, at most 64 KiB);
+- errors: any OSError on a process or fd skips it silently (ENOENT / ESRCH: it went between
+  the listing and the read; EACCES / EPERM: another user's process, no ptrace access). Only
+  procfs itself not listable is reported (read() answers None). An fdinfo without drm-driver,
+  drm-pdev or drm-client-id, or of a driver not asked for, is not a client; a number that is
+  not one (more than 20 digits, 2**64 and over, a wrong unit) drops that key only, never reads
+  as 0;
+- dedupe: a client is (pdev, client-id). One process holding it through several fds (dup,
+  several threads' handles) counts it once; several processes holding it (fork) each list it,
+  but its busy time goes into the device's busy_seconds once;
+- VRAM of a client: over the VRAM regions (vram, vramN: amdgpu, xe; localN: i915), each
+  region's drm-total-, else drm-resident-, else legacy drm-memory-; None (unknown, never 0)
+  when it reports no VRAM region (an integrated GPU);
+- rates: per client and engine, the largest value seen and when (the spec lets counters step
+  back briefly: the reader stays with the larger value until they catch up). A process's
+  utilization sums its clients' rates since the previous read, per engine, divided by the
+  class's capacity, clamped to 1; clients the previous read did not see have no rate yet;
+- busy_seconds: per device and engine, a counter for the reader's lifetime. A client seen for
+  the first time adds all it reports (it was that busy since it was created), then its growth;
+  xe cycles add their busy share of the wall time between reads. Clients that exit keep what
+  they added; a client that vanishes from one scan and comes back (an fd in flight over a
+  socket, a transient read error) is remembered for a while so its lifetime is not added twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from os.path import join
+from typing import Callable
+
+from ...samples import GpuProcess
+
+# xe's short engine class names -> i915's spelling, the exporter's label values
+XE_ENGINES: dict[str, str] = {"rcs": "render", "bcs": "copy", "vcs": "video", "vecs": "video-enhance", "ccs": "compute"}
+
+# what /proc/PID/fd/N of a DRM file reads as; "(deleted)" nodes and by-path links are not ours
+_DRI_NODE = re.compile(r"/dev/dri/(?:card|renderD)[0-9]+")
+# fdinfo numbers are u64: "18446744073709551615" is 20 digits
+_NUMBER = re.compile(r"[0-9]{1,20}")
+_U64_LIMIT = 2**64
+# a DRM fdinfo is well under a page; a bigger one is cut, never read without bound
+_FDINFO_MAX = 64 * 1024
+_SIZE_UNITS: dict[str, int] = {"": 1, "KiB": 1024, "MiB": 1024**2}
+_VRAM_REGION = re.compile(r"vram[0-9]*|local[0-9]+")
+# the memory keys that say how much VRAM a client holds, the first one present is used
+_VRAM_STATS: tuple[str, ...] = ("total", "resident", "memory")
+# clients that left a scan, remembered so one coming back is not counted from zero again
+_RETIRED_MAX = 4096
+
+_Key = tuple[str, int]  # (pdev, client-id)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUsage:
+    """What the DRM clients of one device (a PCI address) say, in one refresh."""
+
+    # one per pid, by pid: memory_bytes is the VRAM of the pid's distinct clients on this
+    # device (None when none reports VRAM); utilization is per engine, by name, the sum of
+    # the pid's clients' rates since the previous read (0..1); () when the previous read saw
+    # none of its clients
+    processes: tuple[GpuProcess, ...]
+    # per engine, by name: seconds the device's engines were busy, summed over every client
+    # this reader has seen; never decreases
+    busy_seconds: tuple[tuple[str, float], ...]
+
+
+@dataclass(slots=True)
+class _Fdinfo:
+    """One client as its fdinfo (or, merged, several fds of it) says in one scan."""
+
+    pdev: str
+    client_id: int
+    ns: dict[str, int]  # engine -> busy ns since the client was created
+    cycles: dict[str, tuple[int, int]]  # engine -> (busy cycles, total cycles): xe
+    capacity: dict[str, int]  # engine -> engines in the class (absent: 1)
+    vram: int | None  # bytes; None: no VRAM region reported
+
+    def merge(self, other: _Fdinfo) -> None:
+        # the same client read again through another fd or process, a moment later:
+        # counters only go up (keep the larger), memory is the first reading that has it
+        for engine, value in other.ns.items():
+            self.ns[engine] = max(value, self.ns.get(engine, value))
+        for engine, pair in other.cycles.items():
+            mine = self.cycles.get(engine)
+            self.cycles[engine] = pair if mine is None else max(mine, pair, key=lambda p: (p[1], p[0]))
+        for engine, n in other.capacity.items():
+            self.capacity[engine] = max(n, self.capacity.get(engine, n))
+        if self.vram is None:
+            self.vram = other.vram
+
+
+@dataclass(slots=True)
+class _Client:
+    """What the reader remembers of one client between reads."""
+
+    seen_at: float  # clock() of the last read that saw it
+    ns: dict[str, tuple[int, float]] = field(default_factory=dict)  # engine -> (largest ns, clock() then)
+    # engine -> (cycles, total cycles, clock()) of the last sample a rate was measured from
+    cycles: dict[str, tuple[int, int, float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Device:
+    busy_ns: dict[str, int] = field(default_factory=dict)  # drm-engine- growth, exact
+    busy_s: dict[str, float] = field(default_factory=dict)  # xe cycles: share x wall time
+
+    def busy_seconds(self) -> tuple[tuple[str, float], ...]:
+        engines = sorted(self.busy_ns.keys() | self.busy_s.keys())
+        return tuple((e, self.busy_ns.get(e, 0) / 1e9 + self.busy_s.get(e, 0.0)) for e in engines)
+
+
+def _u64(text: str) -> int | None:
+    if not _NUMBER.fullmatch(text):
+        return None
+    n = int(text)
+    return n if n < _U64_LIMIT else None
+
+
+def _quantity(value: str, units: dict[str, int]) -> int | None:
+    """``<uint>[ unit]`` in the smallest unit; None when the number or the unit is not one."""
+    parts = value.split()
+    if not 1 <= len(parts) <= 2:
+        return None
+    scale = units.get(parts[1] if len(parts) == 2 else "")
+    n = _u64(parts[0])
+    return None if n is None or scale is None else n * scale
+
+
+_NS_UNITS: dict[str, int] = {"ns": 1}
+
+
+def _parse(text: str, drivers: frozenset[str]) -> _Fdinfo | None:
+    """The client one fdinfo describes; None when it is not a DRM client of `drivers`."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    driver, pdev = fields.get("drm-driver"), fields.get("drm-pdev")
+    client_id = _u64(fields.get("drm-client-id", ""))
+    if driver not in drivers or not pdev or client_id is None:
+        return None
+    ns: dict[str, int] = {}
+    capacity: dict[str, int] = {}
+    busy_cycles: dict[str, int] = {}
+    total_cycles: dict[str, int] = {}
+    memory: dict[str, dict[str, int]] = {}  # stat -> VRAM region -> bytes
+    for key, value in fields.items():
+        if not key.startswith("drm-"):
+            continue  # pos, flags, pasid, amd-*: not the spec's
+        name = key[4:]
+        # longest prefixes first: drm-engine-capacity- is not an engine, drm-total-cycles- not memory
+        if name.startswith("engine-capacity-"):
+            n = _u64(value)
+            if n:  # zero capacity is not allowed: ignore it, not divide by it
+                capacity[name[16:]] = n
+        elif name.startswith("engine-"):
+            n = _quantity(value, _NS_UNITS)
+            if n is not None and name[7:]:
+                ns[name[7:]] = n
+        elif name.startswith("total-cycles-"):
+            n = _u64(value)
+            if n is not None:
+                total_cycles[name[13:]] = n
+        elif name.startswith("cycles-"):
+            n = _u64(value)
+            if n is not None:
+                busy_cycles[name[7:]] = n
+        else:
+            stat, _, region = name.partition("-")
+            if stat in _VRAM_STATS and _VRAM_REGION.fullmatch(region):
+                n = _quantity(value, _SIZE_UNITS)
+                if n is not None:
+                    memory.setdefault(stat, {})[region] = n
+    # a cycles engine needs both halves; where a driver also gives ns (panfrost), ns is exact
+    cycles = {e: (busy_cycles[e], total_cycles[e]) for e in busy_cycles.keys() & total_cycles.keys() if e not in ns}
+    if driver == "xe":
+        rename = XE_ENGINES.get
+        ns = {rename(e, e): v for e, v in ns.items()}
+        cycles = {rename(e, e): v for e, v in cycles.items()}
+        capacity = {rename(e, e): v for e, v in capacity.items()}
+    regions = {r for by_region in memory.values() for r in by_region}
+    vram = None
+    if regions:
+        vram = sum(next(memory[s][r] for s in _VRAM_STATS if r in memory.get(s, ())) for r in regions)
+    return _Fdinfo(pdev.lower(), client_id, ns, cycles, capacity, vram)
+
+
+def _read_text(path: str) -> str | None:
+    """At most _FDINFO_MAX bytes of a procfs file, whole lines only; None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size < _FDINFO_MAX:
+            chunk = os.read(fd, _FDINFO_MAX - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if size >= _FDINFO_MAX:
+        data = data[: data.rfind(b"\n") + 1]  # a cut line could read as a smaller number
+    return data.decode("ascii", errors="replace")
+
+
+class DrmUsage:
+    """Reads the DRM clients of `drivers` from procfs; keeps what rates and counters need."""
+
+    def __init__(
+        self,
+        procfs: str,
+        drivers: frozenset[str],
+        max_fds_per_process: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_fds_per_process < 1:
+            raise ValueError(f"max_fds_per_process must be at least 1, not {max_fds_per_process}")
+        self._procfs = procfs
+        self._drivers = frozenset(drivers)
+        self._max_fds = max_fds_per_process
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._clients: dict[_Key, _Client] = {}  # the clients the previous read saw
+        self._retired: OrderedDict[_Key, _Client] = OrderedDict()  # recently gone, oldest first
+        self._devices: dict[str, _Device] = {}  # every device a client was seen on, kept
+        # the last read looked into every process: none refused its fds (EACCES / EPERM, another
+        # user's process without ptrace access), so a device's process count is known
+        self.complete = True
+
+    def read(self) -> dict[str, DeviceUsage] | None:
+        """Scan procfs once: by lower-case drm-pdev, every device that has (or had, while this
+        reader lived) a client of one of `drivers`. None when procfs itself cannot be listed.
+        Thread-safe: one read at a time."""
+        with self._lock:
+            try:
+                names = os.listdir(self._procfs)
+            except OSError:
+                return None
+            now = self._clock()
+            self.complete = True
+            clients: dict[_Key, _Fdinfo] = {}
+            holders: dict[int, set[_Key]] = {}
+            for name in names:
+                if name.isascii() and name.isdigit():  # self, sys, thread-self...: not processes
+                    held = self._scan(name, clients)
+                    if held:
+                        holders[int(name)] = held
+            rates = self._advance(clients, now)
+            return self._report(clients, holders, rates)
+
+    def _scan(self, pid: str, clients: dict[_Key, _Fdinfo]) -> set[_Key]:
+        """The clients one process holds, merged into `clients`."""
+        fd_dir = join(self._procfs, pid, "fd")
+        try:
+            entries = os.listdir(fd_dir)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                self.complete = False  # not ours to look at: its clients are unknown
+            return set()  # gone
+        fds = [(int(e), e) for e in entries if e.isascii() and e.isdigit()]
+        # bounded cost on a process with 64k fds (a server): DRM fds are opened early
+        fds = heapq.nsmallest(self._max_fds, fds) if len(fds) > self._max_fds else sorted(fds)
+        held: set[_Key] = set()
+        for _, fd in fds:
+            try:
+                target = os.readlink(join(fd_dir, fd))
+            except OSError:
+                continue
+            if not _DRI_NODE.fullmatch(target):
+                continue
+            text = _read_text(join(self._procfs, pid, "fdinfo", fd))
+            info = _parse(text, self._drivers) if text is not None else None
+            if info is None:
+                continue
+            key = (info.pdev, info.client_id)
+            if key in clients:
+                clients[key].merge(info)
+            else:
+                clients[key] = info
+            held.add(key)
+        return held
+
+    def _advance(self, clients: dict[_Key, _Fdinfo], now: float) -> dict[_Key, dict[str, float]]:
+        """Move the state to this read: busy counters grow, old clients retire. Returns the
+        rates (engine -> ratio) of the clients the previous read saw."""
+        rates: dict[_Key, dict[str, float]] = {}
+        state: dict[_Key, _Client] = {}
+        for key, info in clients.items():
+            device = self._devices.setdefault(key[0], _Device())
+            old = self._clients.pop(key, None)
+            # seen at the previous read: it has a rate, from then
+            previous_at = old.seen_at if old is not None else None
+            if old is None:
+                old = self._retired.pop(key, None)
+            # engines it reported before but not now keep their largest values: one that
+            # comes back is not counted from zero
+            client = _Client(now, dict(old.ns), dict(old.cycles)) if old is not None else _Client(now)
+            rate: dict[str, float] = {}
+            for engine, value in info.ns.items():
+                capacity = info.capacity.get(engine, 1)
+                prev = client.ns.get(engine)
+                if prev is None and previous_at is not None:
+                    # amdgpu prints only engines it used: absent at the previous read, 0 then
+                    prev = (0, previous_at)
+                if prev is None:
+                    grown = value  # first sight: that busy since the client was created
+                    client.ns[engine] = (value, now)
+                else:
+                    grown = max(0, value - prev[0])
+                    if value >= prev[0]:
+                        client.ns[engine] = (value, now)
+                    # else: stepped back, stay with the larger value and its time
+                    if previous_at is not None and now > prev[1]:
+                        rate[engine] = min(1.0, grown / ((now - prev[1]) * 1e9 * capacity))
+                device.busy_ns[engine] = device.busy_ns.get(engine, 0) + grown
+            for engine, (busy, total) in info.cycles.items():
+                capacity = info.capacity.get(engine, 1)
+                device.busy_s.setdefault(engine, 0.0)
+                last = client.cycles.get(engine)
+                if last is None:
+                    client.cycles[engine] = (busy, total, now)  # cycles start anywhere: a baseline
+                    continue
+                last_busy, last_total, last_at = last
+                elapsed = total - last_total
+                if elapsed < 0:
+                    # the GPU timestamp restarted (a reset): a new baseline, busy kept at its largest
+                    client.cycles[engine] = (max(busy, last_busy), total, now)
+                    continue
+                if elapsed == 0:
+                    continue  # no GPU time passed: no rate
+                grown = max(0, busy - last_busy)
+                if busy >= last_busy:
+                    client.cycles[engine] = (busy, total, now)
+                share = grown / elapsed  # busy engines of the class, 0..capacity
+                wall = now - last_at
+                if wall > 0:
+                    device.busy_s[engine] += min(share * wall, wall * capacity)
+                if previous_at is not None:
+                    rate[engine] = min(1.0, share / capacity)
+            state[key] = client
+            if previous_at is not None:
+                rates[key] = rate
+        # the rest of the previous read's clients left this one
+        for key, client in self._clients.items():
+            self._retired[key] = client
+            self._retired.move_to_end(key)
+        while len(self._retired) > _RETIRED_MAX:
+            self._retired.popitem(last=False)
+        self._clients = state
+        return rates
+
+    def _report(
+        self, clients: dict[_Key, _Fdinfo], holders: dict[int, set[_Key]], rates: dict[_Key, dict[str, float]]
+    ) -> dict[str, DeviceUsage]:
+        by_device: dict[str, dict[int, list[_Key]]] = {}
+        for pid, keys in holders.items():
+            for key in keys:
+                by_device.setdefault(key[0], {}).setdefault(pid, []).append(key)
+        out: dict[str, DeviceUsage] = {}
+        for pdev, device in self._devices.items():
+            processes = []
+            for pid, keys in sorted(by_device.get(pdev, {}).items()):
+                vram = [v for k in keys if (v := clients[k].vram) is not None]
+                utilization: tuple[tuple[str, float], ...] = ()
+                measured = [rates[k] for k in keys if k in rates]
+                if measured:
+                    summed: dict[str, float] = {}
+                    for rate in measured:
+                        for engine, ratio in rate.items():
+                            summed[engine] = summed.get(engine, 0.0) + ratio
+                    utilization = tuple(sorted((e, min(1.0, r)) for e, r in summed.items()))
+                processes.append(GpuProcess(pid, sum(vram) if vram else None, utilization))
+            out[pdev] = DeviceUsage(tuple(processes), device.busy_seconds())
+        return out
