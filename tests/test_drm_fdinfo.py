@@ -211,7 +211,7 @@ def test_fdinfo_without_identity_is_not_a_client(proc: FakeProc, clock: Clock) -
 
 
 def test_pdev_is_lower_case_and_devices_are_apart(proc: FakeProc, clock: Clock) -> None:
-    proc.add_drm_fd(100, 3, amdgpu_client(RX.upper().replace("0000:03", "0000:03"), 1, vram_kib=1024))
+    proc.add_drm_fd(100, 3, amdgpu_client(RX.upper(), 1, vram_kib=1024))
     proc.add_drm_fd(100, 4, amdgpu_client(MI.upper(), 2, vram_kib=4096), node="renderD129")
     proc.add_drm_fd(200, 3, amdgpu_client(MI, 3, vram_kib=8), node="card1")
     out = read(reader(proc, clock))
@@ -405,13 +405,18 @@ def test_garbage_numbers_drop_the_key_not_read_as_zero(proc: FakeProc, clock: Cl
     # a garbage total falls back to resident; a garbage capacity is 1
     proc.add_drm_fd(200, 3, {**base, "drm-client-id": "50", "drm-total-vram": "1 GiB", "drm-resident-vram": "7 KiB",
                              "drm-engine-compute": f"{2**64 - 1} ns", "drm-engine-capacity-compute": "lots"})
+    # zero capacity is not allowed: 1, not a division by zero
+    zero = {**base, "drm-client-id": "51", "drm-engine-dma": "0 ns", "drm-engine-capacity-dma": "0"}
+    proc.add_drm_fd(201, 3, zero)
     usage = reader(proc, clock)
     out = read(usage)
-    assert [p.memory_bytes for p in out[RX].processes] == [None] * len(garbage) + [7 * KIB]
-    assert busy(out[RX]) == {"compute": (2**64 - 1) / 1e9}  # the largest u64 is a number
+    assert [p.memory_bytes for p in out[RX].processes] == [None] * len(garbage) + [7 * KIB, None]
+    assert busy(out[RX]) == {"compute": (2**64 - 1) / 1e9, "dma": 0.0}  # the largest u64 is a number
     clock.advance(1)
+    proc.set_fdinfo(201, 3, {**zero, "drm-engine-dma": f"{S // 4} ns"})
     out = read(usage)
-    assert [p.utilization for p in out[RX].processes] == [()] * len(garbage) + [(("compute", 0.0),)]
+    assert [p.utilization for p in out[RX].processes] == (
+        [()] * len(garbage) + [(("compute", 0.0),), (("dma", 0.25),)])
 
 
 def test_a_line_cut_at_the_size_limit_is_not_read(proc: FakeProc, clock: Clock) -> None:
@@ -545,12 +550,14 @@ def test_one_read_at_a_time(proc: FakeProc, clock: Clock, monkeypatch: pytest.Mo
     threads = [threading.Thread(target=lambda: results.append(usage.read())) for _ in range(2)]
     for t in threads:
         t.start()
-    assert entered.acquire(timeout=30)
-    assert not entered.acquire(timeout=0.3)  # the second read waits for the first
-    release.set()
-    assert entered.acquire(timeout=30)
-    for t in threads:
-        t.join(30)
+    try:
+        assert entered.acquire(timeout=30)
+        assert not entered.acquire(timeout=0.3)  # the second read waits for the first
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert entered.acquire(timeout=0)  # and then it ran
     assert [busy(r[RX]) for r in results if r is not None] == [{"gfx": 1.0}, {"gfx": 1.0}]
 
 
