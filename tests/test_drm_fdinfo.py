@@ -115,7 +115,7 @@ def test_i915_local_memory_and_capacity(proc: FakeProc, clock: Clock) -> None:
     # video: 1 s busy in 1 s over two engines; copy idle is 0.0, not absent
     assert only(out[ARC]).utilization == (
         ("compute", 0.0), ("copy", 0.0), ("render", 0.5), ("video", 0.5), ("video-enhance", 0.0))
-    assert busy(out[ARC])["video"] == 1.0  # busy_seconds sum the class's engines: no division
+    assert busy(out[ARC])["video"] == 0.5  # per engine of the class (capacity 2): rate() is the class utilization
     assert only(out[IGPU]).utilization == (
         ("compute", 0.0), ("copy", 0.0), ("render", 0.0), ("video", 0.0), ("video-enhance", 0.0))
 
@@ -143,7 +143,7 @@ def test_xe_cycles_engine_names_and_vram(proc: FakeProc, clock: Clock) -> None:
     assert "gsc" not in util  # its total-cycles did not move: no rate
     got = busy(out[ARC])
     assert got["render"] == pytest.approx(0.6)  # busy 30% of 2 s
-    assert got["compute"] == pytest.approx(1.6)  # 0.8 engines busy for 2 s
+    assert got["compute"] == pytest.approx(0.8)  # 0.8 of 2 engines busy for 2 s: 0.4 of the class, per engine
 
 
 def test_xe_timestamp_restart_is_a_new_baseline(proc: FakeProc, clock: Clock) -> None:

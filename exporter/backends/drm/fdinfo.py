@@ -120,7 +120,7 @@ class _Client:
 
 @dataclass(slots=True)
 class _Device:
-    busy_ns: dict[str, int] = field(default_factory=dict)  # drm-engine- growth, exact
+    busy_ns: dict[str, float] = field(default_factory=dict)  # drm-engine- growth per engine of the class
     busy_s: dict[str, float] = field(default_factory=dict)  # xe cycles: share x wall time
 
     def busy_seconds(self) -> tuple[tuple[str, float], ...]:
@@ -339,7 +339,8 @@ class DrmUsage:
                     # else: stepped back, stay with the larger value and its time
                     if previous_at is not None and now > prev[1]:
                         rate[engine] = min(1.0, grown / ((now - prev[1]) * 1e9 * capacity))
-                device.busy_ns[engine] = device.busy_ns.get(engine, 0) + grown
+                # per engine of the class: rate() of the counter is the class's utilization, 0..1
+                device.busy_ns[engine] = device.busy_ns.get(engine, 0) + grown / capacity
             for engine, (busy, total) in info.cycles.items():
                 capacity = info.capacity.get(engine, 1)
                 device.busy_s.setdefault(engine, 0.0)
@@ -361,7 +362,7 @@ class DrmUsage:
                 share = grown / elapsed  # busy engines of the class, 0..capacity
                 wall = now - last_at
                 if wall > 0:
-                    device.busy_s[engine] += min(share * wall, wall * capacity)
+                    device.busy_s[engine] += min(share / capacity * wall, wall)
                 if previous_at is not None:
                     rate[engine] = min(1.0, share / capacity)
             state[key] = client

@@ -45,12 +45,17 @@ class _Tracked(Generic[S]):
 class CardTracker(Generic[S]):
     """Not thread-safe by itself: a backend's refresh runs on the monitor's one GPU thread."""
 
-    def __init__(self, log: logging.Logger, vendor: str, identify: Callable[[Card, int], S]) -> None:
+    def __init__(
+        self, log: logging.Logger, vendor: str, identify: Callable[[Card, int], S],
+        uuid_of: Callable[[Card], str] = lambda card: "",
+    ) -> None:
         self._log = log
+        self._uuid_of = uuid_of  # the uuid of a card not identified yet, where the backend knows it without reading
         self._vendor = vendor  # "AMD", "Intel": for the log lines
         self._identify = identify
         self._cards: dict[str, _Tracked[S]] = {}  # by PCI address, every card identified since start
         self._index: dict[str, int] = {}  # PCI address -> GPU index, given when first seen, kept
+        self._unidentified: dict[str, Card] = {}  # enumerated at the last sync, identification failed
 
     def state(self, pci: str) -> S | None:
         """The card's state while it is identified and current (not stale)."""
@@ -76,6 +81,7 @@ class CardTracker(Generic[S]):
         for pci in sorted(now - self._index.keys()):  # by PCI address at start; later ones after the rest
             self._index[pci] = len(self._index)
         found = []
+        self._unidentified = {}
         for card in cards:
             known = self._cards.get(card.pci)
             if known is not None and not known.stale and known.state.card == card:
@@ -83,7 +89,10 @@ class CardTracker(Generic[S]):
             try:
                 self._cards[card.pci] = _Tracked(self._identify(card, self._index[card.pci]))
             except sysfs.Gone:
-                continue  # removed (or not answering) while being identified: tried again next refresh
+                # removed, or not answering (wedged from the start): down under its index, and
+                # tried again on the next refresh
+                self._unidentified[card.pci] = card
+                continue
             found.append(card.pci)
         if found:
             self._log.info(f"{self._vendor} GPUs found", extra=fields(cards=",".join(found)))
@@ -110,6 +119,10 @@ class CardTracker(Generic[S]):
         return samples
 
     def devices(self, samples: dict[str, GpuSample]) -> tuple[GpuSample, ...]:
-        """Every card identified since start, by index: its sample, or down."""
-        ordered = sorted(self._cards.items(), key=lambda item: item[1].state.identity.index)
-        return tuple(samples.get(pci) or GpuSample(t.state.identity, up=False) for pci, t in ordered)
+        """Every card identified since start, by index: its sample, or down; and every card
+        enumerated now that could not be identified, down (a GPU wedged since before the
+        exporter started is a GPU down, not no GPU)."""
+        out = [samples.get(pci) or GpuSample(t.state.identity, up=False) for pci, t in self._cards.items()]
+        out += [GpuSample(GpuIdentity(self._index[pci], uuid=self._uuid_of(card), pci_bus_id=pci), up=False)
+                for pci, card in self._unidentified.items() if pci not in self._cards]
+        return tuple(sorted(out, key=lambda sample: sample.identity.index))

@@ -96,7 +96,7 @@ class IntelBackend:
         self._options = options or GpuOptions()
         self._pci_ids_files = pci_ids_files
         self._clock = clock or time.monotonic
-        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify)
+        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, uuid_of=lambda card: card.pci)
         self._clients = DrmUsage(self._options.procfs, DRIVERS, clock=self._clock)
         self._lock = threading.Lock()  # one refresh at a time: the previous-refresh values are per card
 
