@@ -375,6 +375,28 @@ def test_busy_time_utilization_and_processes_from_fdinfo(tree, proc):
     assert got[A770].utilization_ratio == 0.0 and dict(got[A770].busy_seconds)["render"] == 6.0
 
 
+def test_an_engine_that_appears_does_not_bring_its_past_into_the_utilization(tree, proc):
+    def client(client_id: int, **engines: int) -> dict[str, str]:
+        return {"drm-driver": "i915", "drm-client-id": str(client_id), "drm-pdev": A770,
+                **{f"drm-engine-{name}": f"{ns} ns" for name, ns in engines.items()}}
+
+    proc.add_process(100, "player")
+    proc.add_drm_fd(100, 5, client(7, render=1_000_000_000), node="renderD129")
+    clock = Clock()
+    b = backend(tree.root, clock, procfs=proc.root)
+    b.read()
+    clock.advance(2.0)
+    proc.set_fdinfo(100, 5, client(7, render=1_500_000_000))
+    proc.add_process(200, "compute")  # a new client with 100 s of compute behind it
+    proc.add_drm_fd(200, 6, client(8, compute=100_000_000_000), node="renderD129")
+    arc = by_pci(b.read())[A770]
+    assert dict(arc.busy_seconds) == {"compute": 100.0, "render": 1.5}
+    assert arc.utilization_ratio == 0.25  # render's 0.5 s of 2 s; compute's past is not this interval's
+    clock.advance(2.0)
+    proc.set_fdinfo(200, 6, client(8, compute=101_000_000_000))
+    assert by_pci(b.read())[A770].utilization_ratio == 0.5  # compute: 1 s of 2 s, counted from now on
+
+
 def test_without_the_processes_collector_the_list_is_absent_but_busy_time_is_there(tree, proc):
     proc.add_process(100, "trainer")
     proc.add_drm_fd(100, 5, i915_client(A770, 7, render_ns=5_000_000_000, local0_bytes=GIB), node="renderD129")

@@ -27,7 +27,8 @@ Policy:
   back briefly: the reader stays with the larger value until they catch up). A process's
   utilization sums its clients' rates since the previous read, per engine, divided by the
   class's capacity, clamped to 1; clients the previous read did not see have no rate yet;
-- busy_seconds: per device and engine, a counter for the reader's lifetime. A client seen for
+- busy_seconds: per device and engine, a counter for the reader's lifetime, per engine of the
+  class (busy time / capacity: its rate is the class's utilization, 0..1). A client seen for
   the first time adds all it reports (it was that busy since it was created), then its growth;
   xe cycles add their busy share of the wall time between reads. Clients that exit keep what
   they added; a client that vanishes from one scan and comes back (an fd in flight over a

@@ -99,6 +99,7 @@ class IntelBackend:
         self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, uuid_of=lambda card: card.pci)
         self._clients = DrmUsage(self._options.procfs, DRIVERS, clock=self._clock)
         self._lock = threading.Lock()  # one refresh at a time: the previous-refresh values are per card
+        self._version_of: tuple[frozenset[str], str] = (frozenset(), platform.release())
 
     def prepare(self) -> None:
         pass  # nothing slow: discovery is a directory listing
@@ -109,8 +110,15 @@ class IntelBackend:
     # -- identity, once per card --------------------------------------------------------
 
     def _driver_version(self, cards: list[Card]) -> str:
-        # an out-of-tree (DKMS) build has a module version; the in-tree driver goes with the kernel
-        for driver in sorted({c.driver for c in cards}):
+        # an out-of-tree (DKMS) build has a module version; the in-tree driver goes with the kernel.
+        # Read when the drivers in use change, not on every refresh: a module is not replaced under us
+        drivers = frozenset(c.driver for c in cards)
+        if drivers != self._version_of[0]:
+            self._version_of = (drivers, self._read_driver_version(drivers))
+        return self._version_of[1]
+
+    def _read_driver_version(self, drivers: frozenset[str]) -> str:
+        for driver in sorted(drivers):
             path = join(self._root, "module", driver, "version")
             try:
                 version = sysfs.read(path, os.path.dirname(path))
@@ -236,9 +244,11 @@ class IntelBackend:
         utilization = None
         if busy and state.busy_at is not None:
             before, at = state.busy_at
-            if now > at:
-                utilization = min(1.0, max((s - before.get(e, 0.0)) / (now - at) for e, s in busy))
-                utilization = max(0.0, utilization)
+            # engines counted at the previous refresh only: one that just appeared brings its
+            # clients' whole past, not this interval's work
+            shares = [(s - before[e]) / (now - at) for e, s in busy if e in before] if now > at else []
+            if shares:
+                utilization = min(1.0, max(0.0, max(shares)))
         state.busy_at = (dict(busy), now) if busy else None
         processes = mine.processes if mine is not None else ()
         # another user's process we may not look into could be a client: the count is unknown then
