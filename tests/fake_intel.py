@@ -9,6 +9,8 @@ max_1550(): Data Center GPU Max 1550 on xe, two tiles — tile<t>/physical_vram_
 "xe" with energy1_input (card), power1_max, temp2_input (package) and temp3_input (VRAM).
 meteor_lake(): integrated Xe (Meteor Lake) on xe — tile0 with gt0 (graphics) and gt1 (media),
 no VRAM file, hwmon "xe" with the package's energy2_input and power2_max only.
+flex_170_dkms(): Data Center GPU Flex 170 on Intel's out-of-tree i915, with local memory in
+card<N>/lmem_total_bytes and lmem_avail_bytes.
 """
 
 from __future__ import annotations
@@ -73,3 +75,13 @@ def set_card(tree: FakeSysfs, pci: str, name: str, text: str) -> None:
 def intel_host(tree: FakeSysfs) -> tuple[IntelBoard, IntelBoard, IntelBoard]:
     """The three boards on one host (card0 integrated, card1 Arc, card2 Max)."""
     return add_intel(tree, meteor_lake()), add_intel(tree, arc_a770()), add_intel(tree, max_1550())
+
+
+def flex_170_dkms(pci: str = "0000:4d:00.0", card: int = 3) -> IntelBoard:
+    """Data Center GPU Flex 170 on Intel's out-of-tree i915 (DKMS): local memory under the DRM
+    card (lmem_total_bytes, lmem_avail_bytes), GT frequencies as upstream i915."""
+    gt = {f"gt/gt0/rps_{k}_freq_mhz": v for k, v in {"act": "1950", "cur": "2050", "RP0": "2050", "RPn": "300"}.items()}
+    return IntelBoard(pci, card, "8086:56C0", "0x08", 0, driver="i915", hwmon={
+        "name": "i915", "energy1_input": "9000000000", "power1_max": "120000000",
+    }, hwmon_index=5, card_files={**gt, "lmem_total_bytes": str(16 * GIB), "lmem_avail_bytes": str(10 * GIB),
+                                  "prelim_uapi_version": "1.0"})

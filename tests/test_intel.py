@@ -22,7 +22,7 @@ from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.intel.backend import IntelBackend, find_cards
 from resmon_exporter.samples import GpuReading
 from fake_fdinfo import FakeProc, amdgpu_client, i915_client, xe_client
-from fake_intel import IntelBoard, add_intel, arc_a770, intel_host, max_1550, meteor_lake, set_card
+from fake_intel import IntelBoard, add_intel, arc_a770, flex_170_dkms, intel_host, max_1550, meteor_lake, set_card
 from fake_sysfs import GIB, MIB, FakeSysfs, rx7900
 from fakenvml import REPO, Exporter
 
@@ -748,3 +748,17 @@ def test_explicit_intel_without_cards_exits_2_with_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("resmon-exporter: error: --gpu.backend=intel: no card of the xe or i915 driver under ")
+
+
+def test_the_out_of_tree_i915_gives_local_memory_total_and_used(tree):
+    flex = add_intel(tree, flex_170_dkms())
+    b = backend(tree.root)
+    got = by_pci(b.read())[flex.pci]
+    assert got.identity.name == "Intel Data Center GPU Flex 170"
+    assert (got.memory_total_bytes, got.memory_used_bytes, got.memory_free_bytes) == (16 * GIB, 6 * GIB, 10 * GIB)
+    set_card(tree, flex.pci, "lmem_avail_bytes", str(4 * GIB))
+    assert by_pci(b.read())[flex.pci].memory_used_bytes == 12 * GIB  # read on every refresh
+    set_card(tree, flex.pci, "lmem_avail_bytes", str(17 * GIB))  # more free than there is: garbage
+    got = by_pci(b.read())[flex.pci]
+    assert got.memory_total_bytes == 16 * GIB and got.memory_used_bytes is None and got.memory_free_bytes is None
+    assert by_pci(b.read())[A770].memory_used_bytes is None  # upstream i915: no local memory file

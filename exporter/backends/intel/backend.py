@@ -25,8 +25,10 @@ the maximum clocks (RP0) and, on xe discrete cards, VRAM (tile<t>/physical_vram_
   process (not root, no CAP_SYS_PTRACE) the process count is unknown (absent) and the busy
   time counts the visible clients only.
 
-VRAM used is not in sysfs: the kernel answers it only to a DRM query ioctl with CAP_PERFMON,
-which this backend does not make.
+VRAM used is not in the upstream drivers' sysfs: they answer it only to a DRM query ioctl with
+CAP_PERFMON, which this backend does not make. Intel's out-of-tree i915 (the DKMS driver of
+Flex and Max) has card<N>/lmem_total_bytes and lmem_avail_bytes (0444): total, and used as
+their difference, read on every refresh.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class _State:
     has: frozenset[str]  # hwmon value files present
     frequencies: tuple[tuple[str, str], ...]  # (clock, the actual-frequency file, MHz)
     memory_total_bytes: int | None
+    lmem: bool  # the out-of-tree i915 (DKMS, Flex and Max) has card<N>/lmem_total_bytes and lmem_avail_bytes
     energy_at: tuple[float, float] | None = None  # (joules, monotonic) at the previous refresh
     busy_at: tuple[dict[str, float], float] | None = None  # (engine -> busy seconds, monotonic)
 
@@ -175,7 +178,8 @@ class IntelBackend:
                 maxima.append((clock, top * 1e6))
         identity = GpuIdentity(index=index, uuid=card.pci, name=gpu_name(pci_id, self._pci_ids_files),
                                pci_bus_id=card.pci, clock_max_hertz=tuple(maxima))
-        return _State(card, identity, hwmon, has, tuple(frequencies), self._vram_total(card))
+        lmem = card.driver == "i915" and os.path.exists(join(card.card_dir, "lmem_total_bytes"))
+        return _State(card, identity, hwmon, has, tuple(frequencies), self._vram_total(card), lmem)
 
     # -- the refresh --------------------------------------------------------------------
 
@@ -216,10 +220,13 @@ class IntelBackend:
             if mhz is not None:
                 clocks.append((clock, mhz * 1e6))  # 0 while the GT sleeps (RC6): the clock is really stopped
         busy, utilization, count, plist = self._clients_of(state, usage, now)
+        total, used = self._lmem(state) if state.lmem else (state.memory_total_bytes, None)
         return GpuSample(
             identity=state.identity,
             up=True,
-            memory_total_bytes=state.memory_total_bytes,
+            memory_total_bytes=total,
+            memory_used_bytes=used,
+            memory_free_bytes=total - used if total is not None and used is not None else None,
             utilization_ratio=utilization,
             temperature_celsius=sysfs.scaled(mon(temperature), 1000.0),
             memory_temperature_celsius=sysfs.scaled(mon("temp3_input"), 1000.0),
@@ -231,6 +238,13 @@ class IntelBackend:
             processes=count,
             process_list=plist,
         )
+
+    def _lmem(self, state: _State) -> tuple[int | None, int | None]:
+        """(total, used) local memory of the out-of-tree i915; 0 total: no local memory."""
+        d, card_dir = state.card.device_dir, state.card.card_dir
+        total = sysfs.integer(sysfs.read(join(card_dir, "lmem_total_bytes"), d, _GONE)) or None
+        avail = sysfs.integer(sysfs.read(join(card_dir, "lmem_avail_bytes"), d, _GONE))
+        return total, total - avail if total is not None and avail is not None and avail <= total else None
 
     def _clients_of(
         self, state: _State, usage: dict[str, DeviceUsage] | None, now: float
