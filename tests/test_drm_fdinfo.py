@@ -469,6 +469,36 @@ def test_a_process_with_64k_fds_costs_at_most_the_cap(proc: FakeProc, clock: Clo
     assert set(read(reader(proc, clock, max_fds_per_process=fds))) == {RX, MI}
 
 
+def test_an_unchanged_fd_listing_is_not_readlinked_again_and_a_reused_fd_number_is_found_within_ten_reads(
+        proc: FakeProc, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc.add_drm_fd(100, 3, amdgpu_client(RX, 1, vram_kib=1024))
+    for fd in range(4, 40):
+        proc.add_fd(100, fd, f"socket:[{fd}]")
+    proc.add_fd(101, 7, "/dev/null")  # its fd 7 becomes a DRM fd under the same number below
+    calls = {"n": 0}
+    real = os.readlink
+
+    def counting(path: str, *args: object, **kw: object) -> str:
+        calls["n"] += 1
+        return real(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fdinfo.os, "readlink", counting)
+    usage = reader(proc, clock)
+    assert [p.pid for p in read(usage)[RX].processes] == [100]
+    assert calls["n"] == 38  # the first read looks at every fd: 37 of pid 100, 1 of pid 101
+    calls["n"] = 0
+    assert only(read(usage)[RX]).memory_bytes == 1024 * 1024  # the DRM fd's fdinfo read again
+    assert calls["n"] == 0  # unchanged listings, and neither pid's turn to be looked at whole (read 2)
+    proc.add_drm_fd(100, 40, amdgpu_client(RX, 2, vram_kib=1024))  # a new fd: the listing changed
+    assert only(read(usage)[RX]).memory_bytes == 2 * 1024 * 1024
+    os.unlink(proc.pid_dir(101) / "fd" / "7")  # closed and reopened on a render node: the same listing
+    proc.add_drm_fd(101, 7, amdgpu_client(RX, 3, vram_kib=4))
+    found = []
+    for _ in range(10):
+        found.append(101 in {p.pid for p in read(usage)[RX].processes})
+    assert found[-1] and not found[0]  # not seen at once (the listing did not change), found within ten reads
+
+
 # -- threads -----------------------------------------------------------------------------
 
 

@@ -762,3 +762,12 @@ def test_the_out_of_tree_i915_gives_local_memory_total_and_used(tree):
     got = by_pci(b.read())[flex.pci]
     assert got.memory_total_bytes == 16 * GIB and got.memory_used_bytes is None and got.memory_free_bytes is None
     assert by_pci(b.read())[A770].memory_used_bytes is None  # upstream i915: no local memory file
+
+
+def test_benchmark_prints_the_refresh_cost_with_and_without_processes():
+    result = subprocess.run([sys.executable, str(HERE.parent / "benchmarks" / "intel.py"), "--quick", "--gpus", "2",
+                             "--processes", "20", "--fds", "5"], cwd=HERE.parent, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("refresh cost, 2 Data Center GPU Max")
+    assert [l.split()[0] for l in lines[2:]] == ["sysfs", "20", "the"] and lines[2].endswith("1x")

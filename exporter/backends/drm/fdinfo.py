@@ -10,7 +10,11 @@ Policy:
 
 - the scan: procfs is listed once per read(); of each process, the lowest
   max_fds_per_process fds (DRM fds are opened early) are readlink'd, and only those pointing at
-  /dev/dri/cardN or /dev/dri/renderDN have their fdinfo read (one read, at most 64 KiB);
+  /dev/dri/cardN or /dev/dri/renderDN have their fdinfo read (one read, at most 64 KiB). A
+  process whose fd listing is the same as at the previous read has only the fds that were DRM
+  fds read (no readlink of every fd: most of the cost), and is looked at whole one read in
+  ten, spread over the processes (an fd number closed and reopened on a DRM node keeps the
+  listing: found within ten reads);
 - errors: any OSError on a process or fd skips it silently (ENOENT / ESRCH: it went between
   the listing and the read; EACCES / EPERM: another user's process, no ptrace access). Only
   procfs itself not listable is reported (read() answers None). An fdinfo without drm-driver,
@@ -66,6 +70,8 @@ _VRAM_REGION = re.compile(r"vram[0-9]*|local[0-9]+")
 _VRAM_STATS: tuple[str, ...] = ("total", "resident", "memory")
 # clients that left a scan, remembered so one coming back is not counted from zero again
 _RETIRED_MAX = 4096
+# a process whose fd listing has not changed is looked at whole again one read in this many
+_RESCAN = 10
 
 _Key = tuple[str, int]  # (pdev, client-id)
 
@@ -254,6 +260,10 @@ class DrmUsage:
         # the last read looked into every process: none refused its fds (EACCES / EPERM, another
         # user's process without ptrace access), so a device's process count is known
         self.complete = True
+        # pid -> (the fd names its fd directory listed, those that were DRM fds): a process whose
+        # listing is unchanged has its DRM fds' fdinfo read without a readlink of every fd
+        self._fds: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+        self._reads = 0
 
     def read(self) -> dict[str, DeviceUsage] | None:
         """Scan procfs once: by lower-case drm-pdev, every device that has (or had, while this
@@ -268,11 +278,16 @@ class DrmUsage:
             self.complete = True
             clients: dict[_Key, _Fdinfo] = {}
             holders: dict[int, set[_Key]] = {}
+            self._reads += 1
+            listed: set[str] = set()
             for name in names:
                 if name.isascii() and name.isdigit():  # self, sys, thread-self...: not processes
+                    listed.add(name)
                     held = self._scan(name, clients)
                     if held:
                         holders[int(name)] = held
+            for gone in self._fds.keys() - listed:  # processes that exited: their fd lists go
+                del self._fds[gone]
             rates = self._advance(clients, now)
             return self._report(clients, holders, rates)
 
@@ -285,17 +300,28 @@ class DrmUsage:
             if exc.errno in (errno.EACCES, errno.EPERM):
                 self.complete = False  # not ours to look at: its clients are unknown
             return set()  # gone
-        fds = [(int(e), e) for e in entries if e.isascii() and e.isdigit()]
-        # bounded cost on a process with 64k fds (a server): DRM fds are opened early
-        fds = heapq.nsmallest(self._max_fds, fds) if len(fds) > self._max_fds else sorted(fds)
+        listing = frozenset(entries)
+        cached = self._fds.get(pid)
+        # every process's fds are all looked at again one read in _RESCAN (spread by pid): an fd
+        # number closed and reopened on a DRM node between reads leaves the listing unchanged
+        if cached is not None and cached[0] == listing and (self._reads + int(pid)) % _RESCAN:
+            candidates = cached[1]
+        else:
+            fds = [(int(e), e) for e in entries if e.isascii() and e.isdigit()]
+            # bounded cost on a process with 64k fds (a server): DRM fds are opened early
+            fds = heapq.nsmallest(self._max_fds, fds) if len(fds) > self._max_fds else sorted(fds)
+            drm = []
+            for _, fd in fds:
+                try:
+                    target = os.readlink(join(fd_dir, fd))
+                except OSError:
+                    continue
+                if _DRI_NODE.fullmatch(target):
+                    drm.append(fd)
+            candidates = tuple(drm)
+            self._fds[pid] = (listing, candidates)
         held: set[_Key] = set()
-        for _, fd in fds:
-            try:
-                target = os.readlink(join(fd_dir, fd))
-            except OSError:
-                continue
-            if not _DRI_NODE.fullmatch(target):
-                continue
+        for fd in candidates:
             text = _read_text(join(self._procfs, pid, "fdinfo", fd))
             info = _parse(text, self._drivers) if text is not None else None
             if info is None:
