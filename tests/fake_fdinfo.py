@@ -141,6 +141,10 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+HOST_PID_NS = "pid:[4026531836]"  # PROC_PID_INIT_INO: the initial pid namespace's inode
+CONTAINER_PID_NS = "pid:[4026532481]"
+
+
 class FakeProc:
     """A procfs tree under root: processes, their fds and fdinfo."""
 
@@ -152,6 +156,8 @@ class FakeProc:
         (self.root / "meminfo").write_text("MemTotal:       16384000 kB\n")
         if not (self.root / "self").is_symlink():
             os.symlink("1", self.root / "self")
+        if not self.pid_dir(1).exists():  # the host's init: its pid namespace says this is the host's /proc
+            self.add_process(1, comm="systemd", uid=0)
 
     def pid_dir(self, pid: int) -> Path:
         return self.root / str(pid)
@@ -164,7 +170,17 @@ class FakeProc:
         _write(d / "status", f"Name:\t{comm}\nTgid:\t{pid}\nPid:\t{pid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n"
                               f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         _write(d / "cgroup", "0::/user.slice\n")
+        self.set_pid_namespace(pid, HOST_PID_NS)
         return d
+
+    def set_pid_namespace(self, pid: int, link: str) -> None:
+        """/proc/PID/ns/pid: pid:[4026531836] is the host's (initial) namespace; another inode,
+        e.g. pid 1 of a container's own /proc, is not."""
+        ns = self.pid_dir(pid) / "ns"
+        ns.mkdir(parents=True, exist_ok=True)
+        tmp = ns / ".pid.tmp"
+        os.symlink(link, tmp)
+        os.replace(tmp, ns / "pid")
 
     def add_fd(self, pid: int, fd: int, target: str) -> None:
         """/proc/PID/fd/FD -> target (need not exist), no fdinfo."""

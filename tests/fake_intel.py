@@ -8,7 +8,8 @@ max_1550(): Data Center GPU Max 1550 on xe, two tiles — tile<t>/physical_vram_
 (64 GiB each), tile0/gt0 and tile1/gt1 with freq0/{act,cur,rp0,rpn,min,max}_freq (MHz), hwmon
 "xe" with energy1_input (card), power1_max, temp2_input (package) and temp3_input (VRAM).
 meteor_lake(): integrated Xe (Meteor Lake) on xe — tile0 with gt0 (graphics) and gt1 (media),
-no VRAM file, hwmon "xe" with the package's energy2_input and power2_max only.
+no VRAM file, no hwmon (the drivers register one on discrete cards only).
+battlemage(): Arc B580 on xe with the package's energy2_input and power2_max only.
 flex_170_dkms(): Data Center GPU Flex 170 on Intel's out-of-tree i915, with local memory in
 card<N>/lmem_total_bytes and lmem_avail_bytes.
 """
@@ -53,8 +54,20 @@ def meteor_lake(pci: str = "0000:00:02.0", card: int = 0) -> IntelBoard:
     device = {}
     for gt, (act, rp0) in enumerate((("1900", "2250"), ("0", "1100"))):  # the media GT asleep: act_freq 0
         device.update({f"tile0/gt{gt}/freq0/{k}_freq": v for k, v in {"act": act, "cur": act, "rp0": rp0, "rpn": "100"}.items()})
-    return IntelBoard(pci, card, "8086:7D55", "0x08", 0, driver="xe", device=device,
-                      hwmon={"name": "xe", "energy2_input": "7000000000", "power2_max": "28000000"}, hwmon_index=0)
+    # no hwmon: xe and i915 register one on discrete cards only
+    return IntelBoard(pci, card, "8086:7D55", "0x08", 0, driver="xe", device=device)
+
+
+def battlemage(pci: str = "0000:08:00.0", card: int = 4) -> IntelBoard:
+    """Arc B580 on xe, a board with the package's files only: energy2_input, power2_max (PL1),
+    and package and VRAM temperatures."""
+    device = {"tile0/physical_vram_size_bytes": str(12 * GIB)}
+    for gt, (act, rp0) in enumerate((("2850", "2850"), ("1400", "1600"))):
+        device.update({f"tile0/gt{gt}/freq0/{k}_freq": v for k, v in {"act": act, "rp0": rp0}.items()})
+    return IntelBoard(pci, card, "8086:E20B", "0x00", 0, driver="xe", device=device, hwmon={
+        "name": "xe", "energy2_input": "7000000000", "power2_max": "150000000", "power2_rated_max": "190000000",
+        "temp2_input": "41000", "temp3_input": "46000",
+    }, hwmon_index=6)
 
 
 def add_intel(tree: FakeSysfs, board: IntelBoard) -> IntelBoard:

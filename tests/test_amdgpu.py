@@ -22,7 +22,7 @@ from resmon_exporter.backends.drm import errors as sysfs
 from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
 from resmon_exporter.samples import GpuReading
-from fake_fdinfo import FakeProc, amdgpu_client
+from fake_fdinfo import CONTAINER_PID_NS, HOST_PID_NS, FakeProc, amdgpu_client
 from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
 
 HERE = Path(__file__).parent
@@ -32,10 +32,11 @@ HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
 T = TypeVar("T")
 
 
-def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids", procfs: str = "/nonexistent/proc") -> AmdgpuBackend:
+def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids", procfs: str = "/nonexistent/proc",
+            clock: Callable[[], float] = time.monotonic) -> AmdgpuBackend:
     # procfs: where DRM client usage stats are read (with processes); none by default
     options = GpuOptions(processes=processes, procfs=procfs)
-    return AmdgpuBackend(logging.getLogger("test.amdgpu"), str(root), options, ids_file=ids_file)
+    return AmdgpuBackend(logging.getLogger("test.amdgpu"), str(root), options, ids_file=ids_file, clock=clock)
 
 
 def by_pci(reading: GpuReading) -> dict:
@@ -338,13 +339,20 @@ def test_drm_clients_add_graphics_processes_and_utilization_and_kfd_vram_wins(tr
     proc.add_process(200, comm="Xorg")  # a graphics client KFD does not know
     proc.add_drm_fd(200, 7, amdgpu_client(RX, 12, gfx_ns=0, vram_kib=256 * 1024))
     tree.process(100, {47823: GIB})
-    b = backend(tree.root, processes=True, procfs=str(proc.root))
+    now = [1000.0]
+    b = backend(tree.root, processes=True, procfs=str(proc.root), clock=lambda: now[0])
     got = by_pci(b.read())[RX]
     assert [(p.pid, p.memory_bytes, p.utilization) for p in got.process_list] == [(100, GIB, ()), (200, 256 * MIB, ())]
-    assert got.processes == 2
-    proc.set_fdinfo(200, 7, amdgpu_client(RX, 12, gfx_ns=10**12, vram_kib=256 * 1024))
+    assert got.processes == 1  # the count stays KFD's (compute processes), with the processes collector on or off
+    now[0] += 2.0
+    proc.set_fdinfo(200, 7, amdgpu_client(RX, 12, gfx_ns=10**9, vram_kib=256 * 1024))
     got = by_pci(b.read())[RX]
-    assert dict(got.process_list[1].utilization)["gfx"] > 0  # busy since the first read (rate, clamped to 1)
+    assert dict(got.process_list[1].utilization)["gfx"] == 0.5  # 1 s of gfx in 2 s
+    # a container's own /proc: its pids are not KFD's (the host's), so nothing is merged
+    proc.set_pid_namespace(1, CONTAINER_PID_NS)
+    got = by_pci(b.read())[RX]
+    assert [(p.pid, p.memory_bytes) for p in got.process_list] == [(100, GIB)] and got.processes == 1
+    proc.set_pid_namespace(1, HOST_PID_NS)
     # without KFD the DRM clients are still listed, but their count is unknown: /proc may be a container's own
     shutil.rmtree(tree.root / "class" / "kfd")
     got = by_pci(backend(tree.root, processes=True, procfs=str(proc.root)).read())[RX]

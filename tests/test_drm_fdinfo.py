@@ -125,12 +125,12 @@ def test_xe_cycles_engine_names_and_vram(proc: FakeProc, clock: Clock) -> None:
     text = xe_client(ARC, 3, rcs_cycles=10_000, rcs_total=50_000, ccs_cycles=7, ccs_total=50_000,
                      vram0_bytes=vram, ccs_capacity=2)
     assert f"drm-total-vram0:\t{vram}\n" in text and "drm-total-system:\t16 MiB" in text
-    proc.add_drm_fd(100, 5, text + "drm-cycles-gsc:\t0\ndrm-total-cycles-gsc:\t50000\n", node="card1")
+    proc.add_drm_fd(100, 5, text + "drm-cycles-other:\t0\ndrm-total-cycles-other:\t50000\n", node="card1")
     usage = reader(proc, clock, INTEL)
     out = read(usage)
     assert only(out[ARC]) == GpuProcess(100, vram, ())
-    # cycles start anywhere: first sight adds nothing; an engine xe names that the map lacks keeps its name
-    assert busy(out[ARC]) == {name: 0.0 for name in (*XE_ENGINES.values(), "gsc")}
+    # cycles start anywhere: first sight adds nothing; an engine class the map lacks is dropped
+    assert busy(out[ARC]) == {name: 0.0 for name in XE_ENGINES.values()}  # xe's "other" (the GSC) is no engine of the contract
 
     clock.advance(2)
     proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=10_300, rcs_total=51_000, ccs_cycles=807,
@@ -140,7 +140,7 @@ def test_xe_cycles_engine_names_and_vram(proc: FakeProc, clock: Clock) -> None:
     assert util["render"] == pytest.approx(0.3)
     assert util["compute"] == pytest.approx(0.4)  # 800 of 1000 ticks over two engines
     assert util["copy"] == util["video"] == util["video-enhance"] == 0.0
-    assert "gsc" not in util  # its total-cycles did not move: no rate
+    assert "other" not in util
     got = busy(out[ARC])
     assert got["render"] == pytest.approx(0.6)  # busy 30% of 2 s
     assert got["compute"] == pytest.approx(0.8)  # 0.8 of 2 engines busy for 2 s: 0.4 of the class, per engine
@@ -456,6 +456,8 @@ def test_a_process_with_64k_fds_costs_at_most_the_cap(proc: FakeProc, clock: Clo
     real = os.readlink
 
     def counting(path: str, *args: object, **kw: object) -> str:
+        if os.sep + "ns" + os.sep in str(path):
+            return real(path, *args, **kw)  # type: ignore[arg-type]  # /proc/1/ns/pid: whose procfs
         calls["mine" if str(path).startswith(str(fd_dir) + os.sep) else "other"] += 1
         return real(path, *args, **kw)  # type: ignore[arg-type]
 
@@ -479,7 +481,7 @@ def test_an_unchanged_fd_listing_is_not_readlinked_again_and_a_reused_fd_number_
     real = os.readlink
 
     def counting(path: str, *args: object, **kw: object) -> str:
-        calls["n"] += 1
+        calls["n"] += os.sep + "fd" + os.sep in str(path)  # fd links, not /proc/1/ns/pid
         return real(path, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(fdinfo.os, "readlink", counting)
@@ -559,7 +561,6 @@ def test_concurrent_reads_while_counters_grow(proc: FakeProc) -> None:
     final = series(read(usage))
     assert final[(RX, "gfx")] == sum(values.values()) / 1e9
     assert final[(RX, "compute")] == sum(v // 2 for v in values.values()) / 1e9
-    assert final[(ARC, "render")] >= 0.0
 
 
 def test_one_read_at_a_time(proc: FakeProc, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:

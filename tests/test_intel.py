@@ -22,12 +22,13 @@ from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.intel.backend import IntelBackend, find_cards
 from resmon_exporter.samples import GpuReading
 from fake_fdinfo import FakeProc, amdgpu_client, i915_client, xe_client
-from fake_intel import IntelBoard, add_intel, arc_a770, flex_170_dkms, intel_host, max_1550, meteor_lake, set_card
+from fake_intel import IntelBoard, add_intel, arc_a770, battlemage, flex_170_dkms, intel_host, max_1550, meteor_lake, set_card
 from fake_sysfs import GIB, MIB, FakeSysfs, rx7900
 from fakenvml import REPO, Exporter
 
 HERE = Path(__file__).parent
 MTL, A770, MAX = "0000:00:02.0", "0000:03:00.0", "0000:3a:00.0"
+BMG = "0000:5c:00.0"  # a Battlemage a test adds after the three: index 3
 AMD = "0000:05:00.0"  # an amdgpu card next to the Intel ones (A770 sits at rx7900's default address)
 HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
 NO_IDS = ("/nonexistent/pci.ids",)
@@ -143,8 +144,8 @@ def test_three_boards_map_onto_the_contract_in_base_units(tree):
     assert mx.clock_hertz == (("graphics", 1550e6),)  # not tile 1's 1200 MHz
     assert mx.identity.clock_max_hertz == (("graphics", 1600e6),)
     assert mx.memory_total_bytes == 128 * GIB
-    # Meteor Lake (integrated xe): the package's energy2 / power2, the media GT asleep
-    assert mtl.energy_joules == 7000.0 and mtl.power_limit_watts == 28.0
+    # Meteor Lake (integrated xe): no hwmon (discrete cards only), the media GT asleep
+    assert mtl.energy_joules is None and mtl.power_limit_watts is None
     assert mtl.temperature_celsius is None and mtl.memory_total_bytes is None
     assert mtl.clock_hertz == (("graphics", 1900e6), ("video", 0.0))
     assert dict(mtl.clock_hertz)["video"] == 0.0  # stopped: 0 exactly, not absent
@@ -186,23 +187,28 @@ def test_the_card_and_package_files_win_over_the_fallbacks(tree):
 
 
 def test_a_power_limit_of_zero_is_absent(tree):
+    add_intel(tree, battlemage(pci=BMG, card=5))  # package files only: power2_max
+    assert by_pci(backend(tree.root).read())[BMG].power_limit_watts == 150.0
     tree.set(A770, "hwmon:power1_max", "0")  # PL1 disabled
-    tree.set(MTL, "hwmon:power2_max", "0")
+    tree.set(BMG, "hwmon:power2_max", "0")
     got = by_pci(backend(tree.root).read())
-    assert got[A770].power_limit_watts is None and got[MTL].power_limit_watts is None
+    assert got[A770].power_limit_watts is None and got[BMG].power_limit_watts is None
     assert got[A770].up and got[MAX].power_limit_watts == 600.0
 
 
 def test_power_is_the_energy_counters_growth_over_the_clock(tree):
+    add_intel(tree, battlemage(pci=BMG, card=5))  # the package's energy2_input only
     clock = Clock()
     b = backend(tree.root, clock)
     first = by_pci(b.read())
-    assert first[A770].power_watts is None and first[MTL].power_watts is None  # no previous refresh yet
+    assert first[A770].power_watts is None and first[BMG].power_watts is None  # no previous refresh yet
+    assert first[BMG].energy_joules == 7000.0 and first[MTL].energy_joules is None
     clock.advance(2.0)
     tree.set(A770, "hwmon:energy1_input", str(123456789000 + 50_000_000))  # +50 J
-    tree.set(MTL, "hwmon:energy2_input", str(7000000000 + 50_000_000))
+    tree.set(BMG, "hwmon:energy2_input", str(7000000000 + 50_000_000))
     got = by_pci(b.read())
-    assert got[A770].power_watts == pytest.approx(25.0, rel=1e-9) and got[MTL].power_watts == 25.0
+    assert got[A770].power_watts == pytest.approx(25.0, rel=1e-9) and got[BMG].power_watts == 25.0
+    assert got[MTL].power_watts is None
     assert got[MAX].power_watts == 0.0 and got[A770].energy_joules == 123506.789
     # a smaller counter: the driver was reloaded: no power this refresh, never a negative one
     clock.advance(2.0)
@@ -252,19 +258,20 @@ def test_garbage_and_oversized_numbers_are_absent_never_zero(tree):
     tree.set(MAX, "hwmon:temp3_input", "12.5")
     tree.set(MAX, "tile0/gt0/freq0/rp0_freq", "fast")  # at identification: no maximum, the rest known
     tree.set(MAX, "tile1/physical_vram_size_bytes", HUGE)  # one tile unknown: the total is unknown, not 64 GiB
-    tree.set(MTL, "hwmon:energy2_input", "")
+    add_intel(tree, battlemage(pci=BMG, card=5))
+    tree.set(BMG, "hwmon:energy2_input", "")
     (tree.device_dir(MTL) / "tile0" / "gt0" / "freq0" / "act_freq").write_bytes(b"\xff\xfe7\n")  # not ASCII
     b = backend(tree.root)
     for _ in range(2):  # the second refresh has a previous one: still no power from garbage
         got = by_pci(b.read())
-        arc, mx, mtl = got[A770], got[MAX], got[MTL]
-        assert arc.up and mx.up and mtl.up
+        arc, mx, mtl, bmg = got[A770], got[MAX], got[MTL], got[BMG]
+        assert arc.up and mx.up and mtl.up and bmg.up
         assert arc.energy_joules is None and arc.power_watts is None and arc.power_limit_watts is None
         assert arc.clock_hertz == () and arc.identity.clock_max_hertz == (("graphics", 2400e6),)
         assert mx.temperature_celsius is None and mx.memory_temperature_celsius is None
         assert mx.identity.clock_max_hertz == () and mx.clock_hertz == (("graphics", 1550e6),)
         assert mx.memory_total_bytes is None and mx.energy_joules == 500000.0
-        assert mtl.energy_joules is None and mtl.power_watts is None and mtl.power_limit_watts == 28.0
+        assert bmg.energy_joules is None and bmg.power_watts is None and bmg.power_limit_watts == 150.0
         assert mtl.clock_hertz == (("video", 0.0),)
 
 
@@ -281,7 +288,7 @@ def test_a_card_without_its_hwmon_has_those_values_absent(tree):
             assert d.temperature_celsius is None and d.memory_temperature_celsius is None
         assert mx.clock_hertz == (("graphics", 1550e6),) and mx.memory_total_bytes == 128 * GIB
         assert arc.clock_hertz == (("graphics", 2100e6),)
-        assert got[MTL].energy_joules == 7000.0
+        assert got[MTL].clock_hertz == (("graphics", 1900e6), ("video", 0.0))
 
 
 # -- cards leaving and coming back -------------------------------------------------------------
@@ -405,7 +412,7 @@ def test_without_the_processes_collector_the_list_is_absent_but_busy_time_is_the
     assert dict(arc.busy_seconds)["render"] == 5.0 and arc.processes == 1
 
 
-def test_a_process_whose_fds_cannot_be_read_makes_the_count_unknown(tree, proc, monkeypatch):
+def test_a_process_whose_fds_cannot_be_read_makes_the_count_busy_time_and_utilization_unknown(tree, proc, monkeypatch):
     proc.add_process(100, "trainer")
     proc.add_drm_fd(100, 5, i915_client(A770, 7, render_ns=5_000_000_000, local0_bytes=GIB), node="renderD129")
     proc.add_process(200, "other-user")
@@ -423,13 +430,31 @@ def test_a_process_whose_fds_cannot_be_read_makes_the_count_unknown(tree, proc, 
         return real(path)
 
     monkeypatch.setattr(os, "listdir", listdir)
+    # the refused process is the busy one: what is visible would read as idle
+    proc.set_fdinfo(200, 5, i915_client(A770, 8, render_ns=9_000_000_000, local0_bytes=GIB))
     got = by_pci(b.read())
     arc = got[A770]
     assert arc.up and arc.processes is None and got[MAX].processes is None and got[MTL].processes is None
     assert [p.pid for p in arc.process_list] == [100]  # the visible clients are still listed
-    assert dict(arc.busy_seconds)["render"] == 8.0  # and what was seen still counts
+    assert arc.busy_seconds == () and arc.utilization_ratio is None  # a part is not the whole: absent, not idle
     monkeypatch.setattr(os, "listdir", real)
-    assert by_pci(b.read())[A770].processes == 2
+    got = by_pci(b.read())
+    assert got[A770].processes == 2 and dict(got[A770].busy_seconds)["render"] == 14.0  # nothing lost meanwhile
+
+
+def test_a_procfs_that_is_not_the_hosts_makes_the_count_busy_time_and_utilization_unknown(tree, proc):
+    from fake_fdinfo import CONTAINER_PID_NS
+
+    proc.add_process(100, "trainer")
+    proc.add_drm_fd(100, 5, i915_client(A770, 7, render_ns=5_000_000_000, local0_bytes=GIB), node="renderD129")
+    proc.set_pid_namespace(1, CONTAINER_PID_NS)  # a container's own /proc: no hostPID
+    arc = by_pci(backend(tree.root, procfs=proc.root, processes=True).read())[A770]
+    assert arc.processes is None and got_none(arc) and [p.pid for p in arc.process_list] == [100]
+    assert by_pci(backend(tree.root, procfs=proc.root).read())[MAX].processes is None  # not 0: unknown
+
+
+def got_none(sample) -> bool:
+    return sample.busy_seconds == () and sample.utilization_ratio is None
 
 
 def test_a_card_without_clients_has_no_processes_and_no_busy_time(tree, proc):
@@ -568,7 +593,7 @@ def test_enodev_and_eio_take_that_card_down_alone(fuse_tree, log):
     assert not got[MAX].up and got[MAX].identity.uuid == MAX and got[MAX].identity.index == 2
     assert not got[A770].up and got[A770].identity.index == 1
     mtl = got[MTL]
-    assert mtl.up and mtl.energy_joules == 7000.0 and mtl.power_limit_watts == 28.0
+    assert mtl.up
     assert mtl.clock_hertz == (("graphics", 1900e6), ("video", 0.0))
     assert reading.device_count == 3  # enumerated, answering or not
     for _ in range(3):  # still down, each refresh tries again; logged once per card
@@ -603,21 +628,22 @@ def test_eacces_and_eopnotsupp_on_one_file_are_that_value_absent(fuse_tree):
     ft = fuse_tree
     ft.rules({
         (MAX, "hwmon:temp2_input"): {"errno": "EACCES"},
-        (MTL, "hwmon:power2_max"): {"errno": "EOPNOTSUPP"},
+        (MAX, "hwmon:power1_max"): {"errno": "EOPNOTSUPP"},
         (A770, "hwmon:energy1_input"): {"errno": "EPERM"},  # runtime-suspended: not woken, not 0
+        (A770, "hwmon:power1_max"): {"errno": "ENXIO"},  # the power firmware refuses: that value, not the card
     })
     b = IntelBackend(logging.getLogger("test.intel"), str(ft.mount), GpuOptions(procfs="/nonexistent/proc"),
                      pci_ids_files=NO_IDS, clock=Clock())
     got = by_pci(bounded(b.read))
-    mx, mtl, arc = got[MAX], got[MTL], got[A770]
+    mx, arc = got[MAX], got[A770]
     assert mx.up and mx.temperature_celsius is None and mx.memory_temperature_celsius == 55.0
-    assert mx.energy_joules == 500000.0
-    assert mtl.up and mtl.power_limit_watts is None and mtl.energy_joules == 7000.0
-    assert arc.up and arc.energy_joules is None and arc.power_limit_watts == 190.0
+    assert mx.energy_joules == 500000.0 and mx.power_limit_watts is None
+    assert arc.up and arc.energy_joules is None and arc.power_limit_watts is None
+    assert arc.clock_hertz == (("graphics", 2100e6),)
     ft.rules({})
     got = by_pci(bounded(b.read))
-    assert got[MAX].temperature_celsius == 48.0 and got[MTL].power_limit_watts == 28.0
-    assert got[A770].energy_joules == 123456.789
+    assert got[MAX].temperature_celsius == 48.0 and got[MAX].power_limit_watts == 600.0
+    assert got[A770].energy_joules == 123456.789 and got[A770].power_limit_watts == 190.0
 
 
 # -- end to end: the real CLI ------------------------------------------------------------------
@@ -670,8 +696,8 @@ def test_scrape_maps_the_cards_busy_time_and_processes(intel, tree, proc):
     assert names == {"0": "Intel Arc Graphics (Meteor Lake)", "1": "Intel Arc A770 Graphics", "2": "Intel Data Center GPU Max 1550"}
     assert [s.value("resmon_gpu_up", **d) for d in (mtl, arc, mx)] == [1, 1, 1]
     assert s.value("resmon_gpu_energy_joules_total", **arc) == 123456.789
-    assert s.value("resmon_gpu_energy_joules_total", **mtl) == 7000.0
-    assert s.value("resmon_gpu_power_limit_watts", **arc) == 190.0 and s.value("resmon_gpu_power_limit_watts", **mtl) == 28.0
+    assert not s.has("resmon_gpu_energy_joules_total", **mtl)  # integrated: no hwmon, absent (not 0)
+    assert s.value("resmon_gpu_power_limit_watts", **arc) == 190.0 and not s.has("resmon_gpu_power_limit_watts", **mtl)
     assert s.value("resmon_gpu_temperature_celsius", **mx) == 48.0 and s.value("resmon_gpu_memory_temperature_celsius", **mx) == 55.0
     assert not s.has("resmon_gpu_temperature_celsius", **arc)  # no sensor: absent, not 0
     assert s.value("resmon_gpu_memory_total_bytes", **mx) == 128 * GIB and not s.has("resmon_gpu_memory_total_bytes", **arc)
@@ -771,3 +797,31 @@ def test_benchmark_prints_the_refresh_cost_with_and_without_processes():
     lines = result.stdout.splitlines()
     assert lines[0].startswith("refresh cost, 2 Data Center GPU Max")
     assert [l.split()[0] for l in lines[2:]] == ["sysfs", "20", "the"] and lines[2].endswith("1x")
+
+
+def test_an_i915_discrete_card_with_two_tiles_has_no_media_gt(tree):
+    # i915 on a Data Center GPU Max numbers its tiles gt0 and gt1: gt1 is no media GT
+    set_card(tree, A770, "gt/gt1/rps_act_freq_mhz", "1400")
+    set_card(tree, A770, "gt/gt1/rps_RP0_freq_mhz", "1600")
+    arc = by_pci(backend(tree.root).read())[A770]
+    assert arc.clock_hertz == (("graphics", 2100e6),) and arc.identity.clock_max_hertz == (("graphics", 2400e6),)
+
+
+def test_an_integrated_i915_gpu_has_its_media_gt_as_video(tmp_path):
+    tree = FakeSysfs(tmp_path / "sys")
+    board = arc_a770(pci=MTL, card=0)  # Meteor Lake on i915: gt1 is the media GT
+    board.hwmon, board.other_hwmon = {}, {}
+    board.card_files.update({"gt/gt1/rps_act_freq_mhz": "900", "gt/gt1/rps_RP0_freq_mhz": "1100"})
+    add_intel(tree, board)
+    got = by_pci(backend(tree.root).read())[MTL]
+    assert got.clock_hertz == (("graphics", 2100e6), ("video", 900e6))
+    assert got.identity.clock_max_hertz == (("graphics", 2400e6), ("video", 1100e6))
+
+
+def test_a_hwmon_renumbered_by_a_driver_reload_is_found_again(tree):
+    b = backend(tree.root)
+    assert by_pci(b.read())[MAX].energy_joules == 500000.0
+    old = hwmon_dir(tree, MAX)
+    os.rename(old, old.with_name("hwmon9"))  # reloaded between two refreshes: the card never left
+    mx = by_pci(b.read())[MAX]
+    assert mx.energy_joules == 500000.0 and mx.temperature_celsius == 48.0 and mx.power_limit_watts == 600.0

@@ -25,8 +25,10 @@ import logging
 import os
 import platform
 import re
+import time
 from dataclasses import dataclass, field, replace
 from os.path import join
+from typing import Callable
 
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import BackendError, GpuOptions
@@ -91,7 +93,8 @@ class AmdgpuBackend:
     name = "amdgpu"
 
     def __init__(
-        self, log: logging.Logger, sysfs_root: str = "/sys", options: GpuOptions | None = None, ids_file: str = AMDGPU_IDS
+        self, log: logging.Logger, sysfs_root: str = "/sys", options: GpuOptions | None = None, ids_file: str = AMDGPU_IDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = log
         self._root = sysfs_root
@@ -108,7 +111,7 @@ class AmdgpuBackend:
         self._unresolved: frozenset[int] = frozenset()  # gpu_ids processes name that the last scan lacked
         self._driver_version = self._read_driver_version()
         # DRM clients: only for the processes collector (a scan of every process's fds)
-        self._clients = DrmUsage(self._options.procfs, _DRIVERS) if self._options.processes else None
+        self._clients = DrmUsage(self._options.procfs, _DRIVERS, clock=clock) if self._options.processes else None
 
     def prepare(self) -> None:
         pass  # nothing slow: discovery is a directory listing
@@ -329,17 +332,20 @@ class AmdgpuBackend:
                 vram = kfd[pid]
                 if any(g in vram for g in gpu_ids):
                     mine[pid] = GpuProcess(pid, sum(vram.get(g, 0) for g in gpu_ids))
-        clients = usage.get(state.card.pci) if usage is not None else None
+        kfd_pids = len(mine)
+        # DRM clients' pids are the host's (KFD's) only when procfs is the host's
+        host = usage is not None and self._clients is not None and self._clients.host_pids
+        clients = usage.get(state.card.pci) if usage is not None and host else None
         for client in clients.processes if clients is not None else ():
             known = mine.get(client.pid)
             memory = known.memory_bytes if known is not None else client.memory_bytes  # KFD's VRAM wins
             mine[client.pid] = GpuProcess(client.pid, memory, client.utilization)
-        if not kfd_known and usage is None:
+        if not kfd_known and clients is None:
             return None, None  # unknown, not 0
         listed = tuple(mine[pid] for pid in sorted(mine))
-        # the count stays KFD's to give: /proc may be a container's own (no hostPID), where no
-        # DRM client shows, and that is not 0 processes; KFD lists the host's
-        return len(listed) if kfd_known else None, listed if self._options.processes else None
+        # the count stays KFD's (ROCm compute processes, the host's whole list, readable without
+        # ptrace access): the same with --collector.processes on or off
+        return kfd_pids if kfd_known else None, listed if self._options.processes else None
 
 
 def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> AmdgpuBackend:

@@ -3,14 +3,17 @@
 Every attribute of the amdgpu and intel backends is read through read(), and every value parsed by
 the helpers below, so the errno policy lives here and nowhere else:
 
-- the card is gone (its device directory vanished, or the driver answers ENODEV / ENXIO:
-  unplugged, "no such device"): Gone, and the backend reports the card down
-  (resmon_gpu_up 0, kept under its last index);
+- the card is gone (its device directory vanished, or the driver answers one of the
+  backend's gone errnos): Gone, and the backend reports the card down (resmon_gpu_up 0,
+  kept under its last index). amdgpu (GONE_ERRNOS): ENODEV / ENXIO, unplugged, "no such
+  device". intel (INTEL_GONE_ERRNOS): ENODEV, and EIO, which i915 and xe answer for every
+  file of a wedged GPU; not ENXIO, their power firmware's refusal of one request (a
+  power1_max on Battlemage): that value only;
 - anything else that fails, for one attribute only: None, an absent series. ENOENT (the
   file does not exist on this board: no fan, no edge sensor on MI300), EOPNOTSUPP /
   EINVAL / ENODATA (the SMU has no such sensor), EPERM / EACCES / EBUSY / EAGAIN (the
   GPU is runtime-suspended or in reset: newer kernels answer EPERM rather than waking it),
-  EIO / ETIMEDOUT (one SMU message failed), text that is not a number and a number out of
+  EIO / ETIMEDOUT (amdgpu: one SMU message failed), ENXIO (intel), text that is not a number and a number out of
   range (sysfs values are u64: more than 20 digits, or 2**64 and over, is garbage, and
   would otherwise overflow a float in the exposition): one odd answer never takes a
   working card down, and is never exported as 0.
@@ -32,9 +35,10 @@ _MAX_DIGITS = 20
 _U64_LIMIT = 2**64
 # The driver says the device itself is gone.
 GONE_ERRNOS = frozenset({errno.ENODEV, errno.ENXIO})
-# i915 and xe also answer EIO for every attribute of a wedged GPU (a failed reset): the card is
-# down, not one value absent (amdgpu's EIO is one failed SMU message: that value only)
-INTEL_GONE_ERRNOS = GONE_ERRNOS | {errno.EIO}
+# i915 and xe answer EIO for every attribute of a wedged GPU (a failed reset): the card is
+# down, not one value absent (amdgpu's EIO is one failed SMU message: that value only); their
+# ENXIO is the power firmware refusing one request, not a missing device
+INTEL_GONE_ERRNOS = frozenset({errno.ENODEV, errno.EIO})
 
 
 class Gone(Exception):

@@ -70,6 +70,8 @@ _VRAM_REGION = re.compile(r"vram[0-9]*|local[0-9]+")
 _VRAM_STATS: tuple[str, ...] = ("total", "resident", "memory")
 # clients that left a scan, remembered so one coming back is not counted from zero again
 _RETIRED_MAX = 4096
+# /proc/1/ns/pid of the host's procfs: PROC_PID_INIT_INO, the initial pid namespace's inode
+_HOST_PID_NS = "pid:[4026531836]"
 # a process whose fd listing has not changed is looked at whole again one read in this many
 _RESCAN = 10
 
@@ -201,10 +203,11 @@ def _parse(text: str, drivers: frozenset[str]) -> _Fdinfo | None:
     # a cycles engine needs both halves; where a driver also gives ns (panfrost), ns is exact
     cycles = {e: (busy_cycles[e], total_cycles[e]) for e in busy_cycles.keys() & total_cycles.keys() if e not in ns}
     if driver == "xe":
-        rename = XE_ENGINES.get
-        ns = {rename(e, e): v for e, v in ns.items()}
-        cycles = {rename(e, e): v for e, v in cycles.items()}
-        capacity = {rename(e, e): v for e, v in capacity.items()}
+        # the five engine classes by the exporter's names; xe's "other" (the GSC, firmware's own
+        # work) is no engine a user's work runs on, and no label value of the contract
+        ns = {XE_ENGINES[e]: v for e, v in ns.items() if e in XE_ENGINES}
+        cycles = {XE_ENGINES[e]: v for e, v in cycles.items() if e in XE_ENGINES}
+        capacity = {XE_ENGINES[e]: v for e, v in capacity.items() if e in XE_ENGINES}
     regions = {r for by_region in memory.values() for r in by_region}
     vram = None
     if regions:
@@ -237,6 +240,15 @@ def _read_text(path: str) -> str | None:
     return data.decode("ascii", errors="replace")
 
 
+def _host_pids(procfs: str) -> bool:
+    """procfs is the host's: its pid 1 is in the initial pid namespace. Unreadable (another
+    user's process without ptrace access, hidepid) or absent: not known to be."""
+    try:
+        return os.readlink(join(procfs, "1", "ns", "pid")) == _HOST_PID_NS
+    except OSError:
+        return False
+
+
 class DrmUsage:
     """Reads the DRM clients of `drivers` from procfs; keeps what rates and counters need."""
 
@@ -257,9 +269,14 @@ class DrmUsage:
         self._clients: dict[_Key, _Client] = {}  # the clients the previous read saw
         self._retired: OrderedDict[_Key, _Client] = OrderedDict()  # recently gone, oldest first
         self._devices: dict[str, _Device] = {}  # every device a client was seen on, kept
-        # the last read looked into every process: none refused its fds (EACCES / EPERM, another
-        # user's process without ptrace access), so a device's process count is known
+        # the last read saw every client: procfs is the host's (host_pids) and no process refused
+        # its fds (EACCES / EPERM, another user's process without ptrace access), so a device's
+        # process count and busy time are the whole, not the visible part
         self.complete = True
+        # procfs is the host's: pid 1 is in the initial pid namespace. A container's own /proc (no
+        # hostPID) lists only its processes, and their pids are not the host's (KFD's, NVML's)
+        self.host_pids = True
+        self.read_at = 0.0  # clock() at the last read: the time its rates and busy growth end at
         # pid -> (the fd names its fd directory listed, those that were DRM fds): a process whose
         # listing is unchanged has its DRM fds' fdinfo read without a readlink of every fd
         self._fds: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
@@ -275,7 +292,9 @@ class DrmUsage:
             except OSError:
                 return None
             now = self._clock()
-            self.complete = True
+            self.read_at = now
+            self.host_pids = _host_pids(self._procfs)
+            self.complete = self.host_pids
             clients: dict[_Key, _Fdinfo] = {}
             holders: dict[int, set[_Key]] = {}
             self._reads += 1

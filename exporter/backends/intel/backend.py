@@ -3,7 +3,8 @@ tool, no subprocess, no device node opened, nothing that needs root but the per-
 
 Cards are the DRM cards bound to xe or i915 (drm/cards.py), indexed and tracked as amdgpu's
 are (drm/tracker.py); every read goes through drm/errors.py, where for these drivers EIO
-(a wedged GPU) as well as ENODEV / ENXIO makes the card down, alone. Per card, read once
+(a wedged GPU) as well as ENODEV makes the card down, alone (ENXIO, the power firmware
+refusing one request, is that value absent). Per card, read once
 when it appears: identity (uuid: the PCI address, as the kernel gives Intel GPUs no serial
 number; name from the PCI id: names.py), which hwmon files it has, its GT frequency files,
 the maximum clocks (RP0) and, on xe discrete cards, VRAM (tile<t>/physical_vram_size_bytes,
@@ -22,8 +23,9 @@ the maximum clocks (RP0) and, on xe discrete cards, VRAM (tile<t>/physical_vram_
 - engine busy time and processes: DRM client usage stats (drm/fdinfo.py) of every process,
   summed per device into resmon_gpu_busy_seconds_total{engine}; utilization is the busiest
   engine's share of the time since the previous refresh. Without ptrace access to every
-  process (not root, no CAP_SYS_PTRACE) the process count is unknown (absent) and the busy
-  time counts the visible clients only.
+  process (not root, no CAP_SYS_PTRACE), or with a procfs that is not the host's (a
+  container's own /proc), the process count, busy time and utilization are unknown (absent):
+  only the visible processes' own series are exported.
 
 VRAM used is not in the upstream drivers' sysfs: they answer it only to a DRM query ioctl with
 CAP_PERFMON, which this backend does not make. Intel's out-of-tree i915 (the DKMS driver of
@@ -59,6 +61,7 @@ _HWMON_VALUES = (
     "energy1_input", "energy2_input", "power1_max", "power2_max", "temp1_input", "temp2_input", "temp3_input",
 )
 _NUMBERED = re.compile(r"(tile|gt)(\d+)")
+_INTEGRATED = "00:02.0"  # bus 0, device 2: where every Intel integrated GPU sits
 
 
 @dataclass(slots=True)
@@ -139,6 +142,11 @@ class IntelBackend:
                 return path
         return None
 
+    def _hwmon_files(self, hwmon: str | None, device_dir: str) -> frozenset[str]:
+        if hwmon is None:
+            return frozenset()
+        return frozenset(set(_HWMON_VALUES).intersection(sysfs.listdir(hwmon, device_dir, _GONE) or ()))
+
     def _gt_files(self, card: Card) -> list[tuple[str, str]]:
         """(actual-frequency file, RP0 file) of each GT of tile 0, in GT order."""
         d = card.device_dir
@@ -151,6 +159,8 @@ class IntelBackend:
             return [(join(tile, gt, "freq0", "act_freq"), join(tile, gt, "freq0", "rp0_freq")) for gt in gts]
         gt_dir = join(card.card_dir, "gt")
         gts = _numbered(sysfs.listdir(gt_dir, d, _GONE), "gt")
+        if len(gts) > 1 and card.pci.partition(":")[2] != _INTEGRATED:
+            gts = gts[:1]  # i915 numbers a discrete card's tiles as gt0, gt1 (Max): gt1 is no media GT
         if gts:
             return [(join(gt_dir, gt, "rps_act_freq_mhz"), join(gt_dir, gt, "rps_RP0_freq_mhz")) for gt in gts]
         legacy = join(card.card_dir, "gt_act_freq_mhz")  # kernels before 5.17: the card-level files only
@@ -169,7 +179,7 @@ class IntelBackend:
         d = card.device_dir
         pci_id = sysfs.uevent(sysfs.read(join(d, "uevent"), d, _GONE)).get("PCI_ID", "")
         hwmon = self._hwmon(d)
-        has = frozenset(set(_HWMON_VALUES).intersection(sysfs.listdir(hwmon, d, _GONE) or ())) if hwmon else frozenset()
+        has = self._hwmon_files(hwmon, d)
         frequencies, maxima = [], []
         for clock, (actual, rp0) in zip(("graphics", "video"), self._gt_files(card)):
             frequencies.append((clock, actual))
@@ -197,7 +207,12 @@ class IntelBackend:
                               driver_version=self._driver_version(cards), devices=self._cards.devices(samples))
 
     def _sample(self, state: _State, usage: dict[str, DeviceUsage] | None) -> GpuSample:
-        d, hwmon, has = state.card.device_dir, state.hwmon, state.has
+        d = state.card.device_dir
+        if state.hwmon is not None and not os.path.isdir(state.hwmon):
+            # the driver was reloaded between two refreshes: its hwmon came back under a new number
+            state.hwmon = self._hwmon(d)
+            state.has = self._hwmon_files(state.hwmon, d)
+        hwmon, has = state.hwmon, state.has
         now = self._clock()
 
         def mon(name: str) -> str | None:
@@ -219,7 +234,7 @@ class IntelBackend:
             mhz = sysfs.integer(sysfs.read(path, d, _GONE))
             if mhz is not None:
                 clocks.append((clock, mhz * 1e6))  # 0 while the GT sleeps (RC6): the clock is really stopped
-        busy, utilization, count, plist = self._clients_of(state, usage, now)
+        busy, utilization, count, plist = self._clients_of(state, usage)
         total, used = self._lmem(state) if state.lmem else (state.memory_total_bytes, None)
         return GpuSample(
             identity=state.identity,
@@ -247,13 +262,23 @@ class IntelBackend:
         return total, total - avail if total is not None and avail is not None and avail <= total else None
 
     def _clients_of(
-        self, state: _State, usage: dict[str, DeviceUsage] | None, now: float
+        self, state: _State, usage: dict[str, DeviceUsage] | None
     ) -> tuple[tuple[tuple[str, float], ...], float | None, int | None, tuple[GpuProcess, ...] | None]:
-        """(busy seconds by engine, utilization since the previous refresh, process count, process list)."""
+        """(busy seconds by engine, utilization since the previous refresh, process count, process
+        list). Busy time, utilization and the count need every client: a client of a process this
+        exporter may not look into (no ptrace access), or one outside the procfs it reads (a
+        container's own /proc), would be missing, and its part would read as idle; only the
+        visible processes' own series are exported then."""
         if usage is None:  # procfs cannot be listed: nothing is known of the clients
             state.busy_at = None
             return (), None, None, None
         mine = usage.get(state.card.pci)
+        processes = mine.processes if mine is not None else ()
+        listed = processes if self._options.processes else None
+        if not self._clients.complete:
+            state.busy_at = None
+            return (), None, None, listed
+        now = self._clients.read_at  # the busy time grew up to the scan, not to this card's sample
         busy = mine.busy_seconds if mine is not None else ()
         utilization = None
         if busy and state.busy_at is not None:
@@ -264,10 +289,7 @@ class IntelBackend:
             if shares:
                 utilization = min(1.0, max(0.0, max(shares)))
         state.busy_at = (dict(busy), now) if busy else None
-        processes = mine.processes if mine is not None else ()
-        # another user's process we may not look into could be a client: the count is unknown then
-        count = len(processes) if self._clients.complete else None
-        return busy, utilization, count, processes if self._options.processes else None
+        return busy, utilization, len(processes), listed
 
 
 
