@@ -77,6 +77,7 @@ class GpuIdentity:
     name: str = ""
     pci_bus_id: str = ""
     clock_max_hertz: tuple[tuple[str, float], ...] = ()
+    drm_card: str = ""  # card<N> under /sys/class/drm (intel): what Intel's device plugin names a GPU by
 
 
 @dataclass(frozen=True, slots=True)

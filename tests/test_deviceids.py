@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resmon_exporter.attribution.deviceids import DeviceRef, normalise_pci, parse_device_id
+from resmon_exporter.attribution.deviceids import DeviceRef, HostGpus, normalise_pci, parse_device_id
 
 GPU = "GPU-8d1f3a2b-6c4e-11ee-9a4b-0242ac120002"
 MIG = "MIG-2ce7a541-81ea-5f2d-a4d6-9c5e3b1f0a77"
@@ -45,6 +45,9 @@ MIG = "MIG-2ce7a541-81ea-5f2d-a4d6-9c5e3b1f0a77"
         ("0000:03:00.0-slice-2", DeviceRef(pci_bus_id="0000:03:00.0")),
         ("00000000:07:00.0", DeviceRef(pci_bus_id="0000:07:00.0")),
         ("  GPU-1234abcd  ", DeviceRef(uuid="GPU-1234abcd")),
+        # Intel's plugin (gpu.intel.com/i915, gpu.intel.com/xe): "<card>-<share>"
+        ("card1-0", DeviceRef(drm_card="card1")),
+        ("card12-3", DeviceRef(drm_card="card12")),
     ],
 )
 def test_parse_device_id(device_id: str, expected: DeviceRef) -> None:
@@ -72,6 +75,9 @@ def test_parse_device_id(device_id: str, expected: DeviceRef) -> None:
         "0000:03:00.8",
         "gpu-0",  # a DRA device name: only the ResourceSlice objects say which GPU it is
         "/dev/dri/card0",
+        "card1",  # no share number: not the Intel plugin's form
+        "card-0",
+        "renderD128-0",
     ],
 )
 def test_ids_we_do_not_understand(device_id: str) -> None:
@@ -101,13 +107,20 @@ def test_the_same_gpu_from_nvml_and_from_the_amd_plugin() -> None:
     assert ref is not None and ref.pci_bus_id == normalise_pci("00000000:0A:00.0")
 
 
-@given(st.text(alphabet=st.sampled_from("GPUMIGnvida0123456789abcdef-:./slice"), max_size=40) | st.text(max_size=40))
+def test_intel_card_ids_name_a_gpu_only_under_intels_resources() -> None:
+    host = HostGpus(uuids=frozenset({"0000:03:00.0"}), pci=frozenset({"0000:03:00.0"}), drm_cards=frozenset({"card1"}))
+    assert host.names("gpu.intel.com/i915", "card1-0") and host.names("gpu.intel.com/xe", "card1-3")
+    assert not host.names("gpu.intel.com/i915", "card2-0")  # not a card of this host
+    assert not host.names("example.com/fpga", "card1-0")  # another vendor's "card1": not ours
+
+
+@given(st.text(alphabet=st.sampled_from("GPUMIGnvida0123456789abcdef-:./slicer"), max_size=40) | st.text(max_size=40))
 def test_never_raises(device_id: str) -> None:
     ref = parse_device_id(device_id)
     assert ref is None or isinstance(ref, DeviceRef)
     if ref is not None:  # exactly one identity is set
         assert (
-            sum(bool(v) for v in (ref.uuid, ref.mig_uuid, ref.pci_bus_id, ref.mig_parent_uuid))
+            sum(bool(v) for v in (ref.uuid, ref.mig_uuid, ref.pci_bus_id, ref.mig_parent_uuid, ref.drm_card))
             + (ref.index is not None)
             == 1
         )

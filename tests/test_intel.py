@@ -659,7 +659,8 @@ def intel(tmp_path: Path):
     def start(*flags: str, root: Path) -> Exporter:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RESMON_")}
         env.update(LD_LIBRARY_PATH=str(no_nvml), PYTHONUNBUFFERED="1")
-        exporter = Exporter([f"--path.sysfs={root}", "--no-collector.kubernetes", *flags], env)
+        kube = [] if any(f.startswith("--kubernetes.") for f in flags) else ["--no-collector.kubernetes"]
+        exporter = Exporter([f"--path.sysfs={root}", *kube, *flags], env)
         started.append(exporter)
         exporter.wait_listening()
         exporter.wait_ready()
@@ -825,3 +826,30 @@ def test_a_hwmon_renumbered_by_a_driver_reload_is_found_again(tree):
     os.rename(old, old.with_name("hwmon9"))  # reloaded between two refreshes: the card never left
     mx = by_pci(b.read())[MAX]
     assert mx.energy_joules == 500000.0 and mx.temperature_celsius == 48.0 and mx.power_limit_watts == 600.0
+
+
+def test_intel_plugin_ids_and_process_pods_resolve_to_these_gpus(intel, tree, proc, kubelet, tmp_path):
+    from fake_kubelet import Container, Device, Pod
+    from workloads import CID, UID, container_logs, pod_logs, systemd_containerd
+
+    _clients(proc)
+    (proc.pid_dir(TRAINER) / "cgroup").write_text(systemd_containerd(UID, CID))  # the trainer runs in pod train-0
+    logs = pod_logs(tmp_path / "pods", [("ml", "train-0", UID, ["trainer"])])
+    links = container_logs(tmp_path / "containers", logs, [("ml", "train-0", UID, "trainer", CID)])
+    kubelet.pods = [
+        Pod("ml", "train-0", [Container("trainer", [Device("gpu.intel.com/i915", ["card1-0"])])]),  # the A770
+        Pod("ml", "serve-0", [Container("server", [Device("gpu.intel.com/xe", ["card2-1"])])]),  # the Max, a share
+        Pod("ml", "other", [Container("c", [Device("gpu.intel.com/i915", ["card9-0"])])]),  # not on this host
+        Pod("ml", "fpga", [Container("c", [Device("example.com/fpga", ["card1-0"])])]),  # not a GPU resource
+    ]
+    kubelet.start()
+    exporter = intel("--gpu.backend=intel", f"--path.procfs={proc.root}", "--collector.processes",
+                     f"--kubernetes.pod-logs-dir={logs}", f"--kubernetes.container-logs-dir={links}",
+                     f"--kubernetes.pod-resources-socket={kubelet.socket_path}", root=tree.root)
+    s = exporter.wait_for(lambda s: [v for _, v in s.series("resmon_collector_success", collector="kubernetes")] == [1]
+                          and len(s.series("resmon_gpu_allocation_info")) == 2
+                          and s.series("resmon_gpu_process_memory_used_bytes", pod="train-0"))
+    alloc = {(l["gpu"], l["uuid"], l["pod"], l["resource"], l["device_id"]) for l, _ in s.series("resmon_gpu_allocation_info")}
+    assert alloc == {("1", A770, "train-0", "gpu.intel.com/i915", "card1-0"), ("2", MAX, "serve-0", "gpu.intel.com/xe", "card2-1")}
+    (labels, value), = s.series("resmon_gpu_process_memory_used_bytes", pid=str(TRAINER))
+    assert (labels["gpu"], labels["namespace"], labels["pod"], labels["container"], value) == ("1", "ml", "train-0", "trainer", ARC_VRAM)

@@ -102,6 +102,7 @@ class Attribution:
             mig_uuids=frozenset(m for d in gpu.devices for m in d.mig_uuids),
             indices=frozenset(d.identity.index for d in gpu.devices),
             pci=frozenset(normalise_pci(d.identity.pci_bus_id) for d in gpu.devices if d.identity.pci_bus_id),
+            drm_cards=frozenset(d.identity.drm_card for d in gpu.devices if d.identity.drm_card),
         )
         merged = self._host_gpus.union(seen)  # a GPU that went down keeps its MIG UUIDs here
         if merged != self._host_gpus:

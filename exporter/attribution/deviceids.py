@@ -6,7 +6,9 @@ The kubelet reports each allocated device by the string its device plugin chose:
   very old drivers ``MIG-GPU-<uuid>/<gi>/<ci>``; time-slicing and MPS replicas append ``::<n>``;
 - NVIDIA, deviceIDStrategy index: the NVML index ``3`` (MIG: ``<gpu>:<mig>``), ``::<n>`` as above;
 - GKE's NVIDIA plugin: ``nvidia3``, shared ``nvidia3/vgpu2``, MIG ``nvidia3/gi1`` (+ ``/vgpuN``);
-- ROCm's plugin: the PCI address ``0000:03:00.0``, time-slicing ``0000:03:00.0-slice-2``.
+- ROCm's plugin: the PCI address ``0000:03:00.0``, time-slicing ``0000:03:00.0-slice-2``;
+- Intel's plugin (``gpu.intel.com/i915``, ``gpu.intel.com/xe``): the DRM card and a share,
+  ``card1-0`` (``card1-3`` with --shared-dev-num).
 
 Replica and partition suffixes name the same physical GPU, so they are dropped.
 """
@@ -26,6 +28,7 @@ _PCI = re.compile(
     r"(?:(?P<domain>[0-9A-Fa-f]{1,8}):)?(?P<bus>[0-9A-Fa-f]{1,2}):(?P<device>[0-9A-Fa-f]{1,2})\.(?P<function>[0-7])"
 )
 _AMD = re.compile(r"(?P<bdf>[0-9A-Fa-f:.]+?)(?:-slice-\d+)?")
+_INTEL = re.compile(r"(?P<card>card\d+)-\d+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class DeviceRef:
     index: int | None = None
     pci_bus_id: str = ""
     mig_parent_uuid: str = ""
+    drm_card: str = ""  # card<N>: only under DRM_CARD_RESOURCES
 
 
 def normalise_pci(bus_id: str) -> str:
@@ -72,17 +76,24 @@ def _amd(device_id: str) -> DeviceRef | None:
     return DeviceRef(pci_bus_id=_format_pci(pci)) if pci else None
 
 
+def _intel(device_id: str) -> DeviceRef | None:
+    match = _INTEL.fullmatch(device_id)
+    return DeviceRef(drm_card=match["card"]) if match else None
+
+
 def parse_device_id(device_id: str) -> DeviceRef | None:
     """The GPU a kubelet device id names; None: not a GPU id we understand."""
     text = device_id.strip()
     replica = _REPLICA.fullmatch(text)
     base = replica["base"] if replica else text
-    return _nvidia(base) or _amd(base)
+    return _nvidia(base) or _amd(base) or _intel(base)
 
 
 # Index-style ids ("0", "nvidia0") only mean a GPU under these resources; UUIDs and PCI ids
 # are unique on the host whatever the resource is called (join.py resolves with this too).
 INDEXED_RESOURCES = ("nvidia.com/",)
+# DRM card names ("card1-0") mean a GPU under these only
+DRM_CARD_RESOURCES = ("gpu.intel.com/",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,7 @@ class HostGpus:
     mig_uuids: frozenset[str] = frozenset()
     indices: frozenset[int] = frozenset()
     pci: frozenset[str] = frozenset()
+    drm_cards: frozenset[str] = frozenset()
 
     @property
     def known(self) -> bool:
@@ -102,7 +114,7 @@ class HostGpus:
 
     def union(self, other: "HostGpus") -> "HostGpus":
         return HostGpus(self.uuids | other.uuids, self.mig_uuids | other.mig_uuids,
-                        self.indices | other.indices, self.pci | other.pci)
+                        self.indices | other.indices, self.pci | other.pci, self.drm_cards | other.drm_cards)
 
     def names(self, resource: str, device_id: str) -> bool:
         """Whether the kubelet's (resource, device id) may name one of these GPUs."""
@@ -110,6 +122,8 @@ class HostGpus:
         if ref is None:
             return False
         if ref.index is not None and not resource.startswith(INDEXED_RESOURCES):
+            return False
+        if ref.drm_card and not resource.startswith(DRM_CARD_RESOURCES):
             return False
         if not self.known:
             return True
@@ -121,4 +135,6 @@ class HostGpus:
             return ref.mig_parent_uuid in self.uuids
         if ref.pci_bus_id:
             return ref.pci_bus_id in self.pci
+        if ref.drm_card:
+            return ref.drm_card in self.drm_cards
         return ref.index in self.indices

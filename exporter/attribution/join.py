@@ -16,7 +16,7 @@ from typing import Iterable, Mapping, Protocol
 
 from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
 from .cgroups import ContainerRef
-from .deviceids import INDEXED_RESOURCES, DeviceRef, normalise_pci, parse_device_id
+from .deviceids import DRM_CARD_RESOURCES, INDEXED_RESOURCES, DeviceRef, normalise_pci, parse_device_id
 from .kubelet import KubeletState
 from .podlogs import AMBIGUOUS, Names
 from .procfs import ProcessInfo
@@ -30,6 +30,7 @@ class _Devices:
         self.by_mig: dict[str, GpuSample] = {}
         self.by_index: dict[int, GpuSample] = {}
         self.by_pci: dict[str, GpuSample] = {}
+        self.by_card: dict[str, GpuSample] = {}
         for d in devices:
             ident = d.identity
             if ident.uuid:
@@ -41,6 +42,8 @@ class _Devices:
                 self.by_index[ident.index] = d
             if ident.pci_bus_id:
                 self.by_pci[normalise_pci(ident.pci_bus_id)] = d
+            if ident.drm_card:
+                self.by_card[ident.drm_card] = d
 
     def resolve(self, ref: DeviceRef, resource: str) -> GpuSample | None:
         if ref.uuid:
@@ -53,6 +56,8 @@ class _Devices:
             return self.by_pci.get(normalise_pci(ref.pci_bus_id))
         if ref.index is not None and resource.startswith(INDEXED_RESOURCES):
             return self.by_index.get(ref.index)
+        if ref.drm_card and resource.startswith(DRM_CARD_RESOURCES):
+            return self.by_card.get(ref.drm_card)
         return None
 
 

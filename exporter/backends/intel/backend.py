@@ -187,7 +187,7 @@ class IntelBackend:
             if top:
                 maxima.append((clock, top * 1e6))
         identity = GpuIdentity(index=index, uuid=card.pci, name=gpu_name(pci_id, self._pci_ids_files),
-                               pci_bus_id=card.pci, clock_max_hertz=tuple(maxima))
+                               pci_bus_id=card.pci, clock_max_hertz=tuple(maxima), drm_card=os.path.basename(card.card_dir))
         lmem = card.driver == "i915" and os.path.exists(join(card.card_dir, "lmem_total_bytes"))
         return _State(card, identity, hwmon, has, tuple(frequencies), self._vram_total(card), lmem)
 
