@@ -618,7 +618,7 @@ def test_a_card_wedged_from_the_start_is_down_under_its_index(fuse_tree):
     assert reading.device_count == 3
     got = by_pci(reading)
     assert [(d.identity.index, d.up) for d in reading.devices] == [(0, True), (1, False), (2, True)]
-    assert got[A770].identity.uuid == A770  # the PCI address is known without reading the card
+    assert got[A770].identity.uuid == A770 and got[A770].identity.drm_card == "card1"  # known without reading the card
     ft.rules({})
     got = by_pci(bounded(b.read))
     assert got[A770].up and got[A770].identity.index == 1 and got[A770].identity.name == "Intel Arc A770 Graphics"

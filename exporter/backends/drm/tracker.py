@@ -47,10 +47,11 @@ class CardTracker(Generic[S]):
 
     def __init__(
         self, log: logging.Logger, vendor: str, identify: Callable[[Card, int], S],
-        uuid_of: Callable[[Card], str] = lambda card: "",
+        unidentified: Callable[[Card, int], GpuIdentity] = lambda card, index: GpuIdentity(index, pci_bus_id=card.pci),
     ) -> None:
         self._log = log
-        self._uuid_of = uuid_of  # the uuid of a card not identified yet, where the backend knows it without reading
+        # the identity of a card that could not be identified yet: what is known without reading it
+        self._unidentified_identity = unidentified
         self._vendor = vendor  # "AMD", "Intel": for the log lines
         self._identify = identify
         self._cards: dict[str, _Tracked[S]] = {}  # by PCI address, every card identified since start
@@ -123,6 +124,6 @@ class CardTracker(Generic[S]):
         enumerated now that could not be identified, down (a GPU wedged since before the
         exporter started is a GPU down, not no GPU)."""
         out = [samples.get(pci) or GpuSample(t.state.identity, up=False) for pci, t in self._cards.items()]
-        out += [GpuSample(GpuIdentity(self._index[pci], uuid=self._uuid_of(card), pci_bus_id=pci), up=False)
+        out += [GpuSample(self._unidentified_identity(card, self._index[pci]), up=False)
                 for pci, card in self._unidentified.items() if pci not in self._cards]
         return tuple(sorted(out, key=lambda sample: sample.identity.index))

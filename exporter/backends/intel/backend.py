@@ -41,7 +41,7 @@ import platform
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os.path import join
 from typing import Callable
 
@@ -85,6 +85,11 @@ def _numbered(names: list[str] | None, prefix: str) -> list[str]:
     return [n for _, n in sorted(found)]
 
 
+def _placeholder(card: Card, index: int) -> GpuIdentity:
+    """A card not identified yet (wedged from the start): all that is known without reading it."""
+    return GpuIdentity(index, uuid=card.pci, pci_bus_id=card.pci, drm_card=os.path.basename(card.card_dir))
+
+
 def find_cards(sysfs_root: str) -> list[Card] | None:
     """The xe and i915 cards, by PCI address; None when /sys/class/drm cannot be listed."""
     return drm_cards(sysfs_root, DRIVERS)
@@ -102,7 +107,7 @@ class IntelBackend:
         self._options = options or GpuOptions()
         self._pci_ids_files = pci_ids_files
         self._clock = clock or time.monotonic
-        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, uuid_of=lambda card: card.pci)
+        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, unidentified=_placeholder)
         self._clients = DrmUsage(self._options.procfs, DRIVERS, clock=self._clock)
         self._lock = threading.Lock()  # one refresh at a time: the previous-refresh values are per card
         self._version_of: tuple[frozenset[str], str] = (frozenset(), platform.release())
@@ -186,8 +191,7 @@ class IntelBackend:
             top = sysfs.integer(sysfs.read(rp0, d, _GONE))
             if top:
                 maxima.append((clock, top * 1e6))
-        identity = GpuIdentity(index=index, uuid=card.pci, name=gpu_name(pci_id, self._pci_ids_files),
-                               pci_bus_id=card.pci, clock_max_hertz=tuple(maxima), drm_card=os.path.basename(card.card_dir))
+        identity = replace(_placeholder(card, index), name=gpu_name(pci_id, self._pci_ids_files), clock_max_hertz=tuple(maxima))
         lmem = card.driver == "i915" and os.path.exists(join(card.card_dir, "lmem_total_bytes"))
         return _State(card, identity, hwmon, has, tuple(frequencies), self._vram_total(card), lmem)
 
