@@ -172,7 +172,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -377,6 +377,30 @@ def nvml_env(lib_dir: Path | None, scenario: Scenario | None, trace: Trace | Non
         env["FAKE_NVML_TRACE"] = str(trace.path)
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def sysfs_exporters(tmp_path: Path) -> Iterator[Callable[..., "Exporter"]]:
+    """The body of the sysfs backends' exporter fixtures (amdgpu, intel): yields
+    start(*flags, root=sysfs) -> a ready exporter on that fake sysfs with NVML absent (an
+    empty LD_LIBRARY_PATH directory), the kubernetes collector off unless a --kubernetes.
+    flag is given; every exporter started is stopped at the end."""
+    started: list[Exporter] = []
+    no_nvml = tmp_path / "no-nvml"
+    no_nvml.mkdir()
+
+    def start(*flags: str, root: Path) -> Exporter:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RESMON_")}
+        env.update(LD_LIBRARY_PATH=str(no_nvml), PYTHONUNBUFFERED="1")
+        kube = [] if any(f.startswith("--kubernetes.") for f in flags) else ["--no-collector.kubernetes"]
+        exporter = Exporter([f"--path.sysfs={root}", *kube, *flags], env)
+        started.append(exporter)
+        exporter.wait_listening()
+        exporter.wait_ready()
+        return exporter
+
+    yield start
+    for e in started:
+        e.stop()
 
 
 _IN_PROCESS: dict[str, Path] = {}

@@ -3,17 +3,15 @@ and through FUSE (tests/fuse_sysfs.py) for the errnos and blocking reads of real
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 import pytest
 
@@ -24,12 +22,12 @@ from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
 from resmon_exporter.samples import GpuReading
 from fake_fdinfo import CONTAINER_PID_NS, HOST_PID_NS, FakeProc, amdgpu_client
 from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
+from fuse_tree import FuseTree, bounded, mounted
 
 HERE = Path(__file__).parent
 RX, MI, APU = "0000:03:00.0", "0000:c3:00.0", "0000:05:00.0"
 RX_UUID, MI_UUID = "GPU-a4e8c1b26c2f0001", "GPU-3e52f2a4b7c10d12"
 HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
-T = TypeVar("T")
 
 
 def backend(root: Path, processes: bool = False, ids_file: str = "/nonexistent/amdgpu.ids", procfs: str = "/nonexistent/proc",
@@ -462,87 +460,9 @@ def test_explicit_amdgpu_without_a_card_is_a_startup_error(tmp_path):
 # -- kernel errnos and a blocking read, through FUSE ----------------------------------------
 
 
-class FuseTree:
-    """tests/fuse_sysfs.py serving a fake tree at a mount point, with rules. close() always
-    unmounts (lazily: a wedged daemon cannot block it) and kills the daemon."""
-
-    def __init__(self, base: Path, tree: FakeSysfs) -> None:
-        self.tree = tree
-        self.mount = base / "mnt"
-        self.mount.mkdir()
-        self.rules_path = base / "rules.json"
-        self.log = base / "reads.log"
-        self.log.write_text("")
-        self.errors = base / "fuse.stderr"
-        with open(self.errors, "w") as err:  # a file, not a pipe: a chatty daemon never blocks on it
-            self.proc = subprocess.Popen([sys.executable, str(HERE / "fuse_sysfs.py"), str(tree.root), str(self.mount),
-                                          str(self.rules_path), str(self.log)], stderr=err)
-        try:
-            deadline = time.monotonic() + 20
-            while not os.path.ismount(self.mount):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"FUSE mount failed: {self.errors.read_text()}")
-                time.sleep(0.02)
-        except BaseException:
-            self.close()
-            raise
-
-    def rel(self, pci: str, name: str) -> str:
-        board = self.tree.boards[pci]
-        d = self.tree.device_dir(pci)
-        path = d / "hwmon" / f"hwmon{board.hwmon_index}" / name[6:] if name.startswith("hwmon:") else d / name
-        return str(path.relative_to(self.tree.root))
-
-    def rules(self, rules: dict[tuple[str, str], dict]) -> None:
-        tmp = self.rules_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({self.rel(pci, name): rule for (pci, name), rule in rules.items()}))
-        os.replace(tmp, self.rules_path)
-
-    def reads(self, pci: str, name: str) -> int:
-        return self.log.read_text().splitlines().count(self.rel(pci, name))
-
-    def close(self) -> None:
-        try:
-            self.rules({})  # releases a hung read
-            subprocess.run(["fusermount3", "-uz", str(self.mount)], check=False, timeout=30)
-            self.proc.wait(10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 @pytest.fixture
 def fuse_tree(tree, tmp_path) -> Iterator[FuseTree]:
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("/dev/fuse is missing: this kernel or container has no FUSE (the errno tests need it)")
-    ft = FuseTree(tmp_path, tree)
-    try:
-        yield ft
-    finally:
-        ft.close()
-
-
-def bounded(fn: Callable[[], T], timeout: float = 60.0) -> T:
-    """fn() on another thread: a read through the mount that a wedged FUSE daemon never
-    answers fails this test instead of hanging the suite (there is no pytest-timeout)."""
-    out: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # handed to the test thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        pytest.fail(f"a read through the FUSE mount did not return within {timeout} s: the daemon is wedged")
-    if errors:
-        raise errors[0]
-    return out[0]
+    yield from mounted(tree, tmp_path)
 
 
 def test_kernel_errnos_are_absent_values_and_enodev_is_a_card_down(fuse_tree, log):

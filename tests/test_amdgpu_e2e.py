@@ -14,7 +14,7 @@ import pytest
 
 from fake_kubelet import Container, Device, Pod
 from fake_sysfs import GIB, FakeSysfs, rx7900, standard
-from fakenvml import REPO, Exporter, nvml_env
+from fakenvml import REPO, Exporter, nvml_env, sysfs_exporters
 from scenarios import three_gpus
 from workloads import CID, CID2, UID, UID2, container_logs, pod_logs, procfs_tree, systemd_containerd
 
@@ -26,24 +26,8 @@ FAKE_SMI = Path(__file__).parent / "fake_smi" / "fake_smi.py"
 
 @pytest.fixture
 def amd(tmp_path: Path):
-    """amd(*flags, tree=...) -> a ready exporter on the fake sysfs, NVML absent."""
-    started: list[Exporter] = []
-    no_nvml = tmp_path / "no-nvml"
-    no_nvml.mkdir()
-
-    def start(*flags: str, root: Path) -> Exporter:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESMON_")}
-        env.update(LD_LIBRARY_PATH=str(no_nvml), PYTHONUNBUFFERED="1")
-        kube = [] if any(f.startswith("--kubernetes.") for f in flags) else ["--no-collector.kubernetes"]
-        exporter = Exporter([f"--path.sysfs={root}", *kube, *flags], env)
-        started.append(exporter)
-        exporter.wait_listening()
-        exporter.wait_ready()
-        return exporter
-
-    yield start
-    for e in started:
-        e.stop()
+    """amd(*flags, root=...) -> a ready exporter on the fake sysfs, NVML absent."""
+    yield from sysfs_exporters(tmp_path)
 
 
 def test_scrape_maps_the_cards_and_follows_changes(amd, tmp_path):

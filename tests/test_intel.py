@@ -4,17 +4,14 @@ kernel's errnos, and end to end: the real CLI scraped over HTTP, promtool, auto.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import pytest
 
@@ -24,7 +21,8 @@ from resmon_exporter.samples import GpuReading
 from fake_fdinfo import FakeProc, amdgpu_client, i915_client, xe_client
 from fake_intel import IntelBoard, add_intel, arc_a770, battlemage, flex_170_dkms, intel_host, max_1550, meteor_lake, set_card
 from fake_sysfs import GIB, MIB, FakeSysfs, rx7900
-from fakenvml import REPO, Exporter
+from fakenvml import REPO, sysfs_exporters
+from fuse_tree import FuseTree, bounded, mounted
 
 HERE = Path(__file__).parent
 MTL, A770, MAX = "0000:00:02.0", "0000:03:00.0", "0000:3a:00.0"
@@ -32,7 +30,6 @@ BMG = "0000:5c:00.0"  # a Battlemage a test adds after the three: index 3
 AMD = "0000:05:00.0"  # an amdgpu card next to the Intel ones (A770 sits at rx7900's default address)
 HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
 NO_IDS = ("/nonexistent/pci.ids",)
-T = TypeVar("T")
 
 
 class Clock:
@@ -494,87 +491,9 @@ def test_clients_of_another_driver_are_not_counted_on_intel_cards(tree, proc):
 # -- kernel errnos, through FUSE ---------------------------------------------------------------
 
 
-class FuseTree:
-    """tests/fuse_sysfs.py serving a fake tree at a mount point, with rules (as test_amdgpu's).
-    close() always unmounts (lazily) and kills the daemon."""
-
-    def __init__(self, base: Path, tree: FakeSysfs) -> None:
-        self.tree = tree
-        self.mount = base / "mnt"
-        self.mount.mkdir()
-        self.rules_path = base / "rules.json"
-        self.log = base / "reads.log"
-        self.log.write_text("")
-        self.errors = base / "fuse.stderr"
-        with open(self.errors, "w") as err:  # a file, not a pipe: a chatty daemon never blocks on it
-            self.proc = subprocess.Popen([sys.executable, str(HERE / "fuse_sysfs.py"), str(tree.root), str(self.mount),
-                                          str(self.rules_path), str(self.log)], stderr=err)
-        try:
-            deadline = time.monotonic() + 20
-            while not os.path.ismount(self.mount):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"FUSE mount failed: {self.errors.read_text()}")
-                time.sleep(0.02)
-        except BaseException:
-            self.close()
-            raise
-
-    def rel(self, pci: str, name: str) -> str:
-        """name: a device file ("tile0/gt0/freq0/act_freq", "drm/card1/gt/..."), or "hwmon:<file>"."""
-        board = self.tree.boards[pci]
-        d = self.tree.device_dir(pci)
-        path = d / "hwmon" / f"hwmon{board.hwmon_index}" / name[6:] if name.startswith("hwmon:") else d / name
-        return str(path.relative_to(self.tree.root))
-
-    def rules(self, rules: dict[tuple[str, str], dict]) -> None:
-        tmp = self.rules_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({self.rel(pci, name): rule for (pci, name), rule in rules.items()}))
-        os.replace(tmp, self.rules_path)
-
-    def reads(self, pci: str, name: str) -> int:
-        return self.log.read_text().splitlines().count(self.rel(pci, name))
-
-    def close(self) -> None:
-        try:
-            self.rules({})  # releases a hung read
-            subprocess.run(["fusermount3", "-uz", str(self.mount)], check=False, timeout=30)
-            self.proc.wait(10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 @pytest.fixture
 def fuse_tree(tree, tmp_path) -> Iterator[FuseTree]:
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("/dev/fuse is missing: this kernel or container has no FUSE (the errno tests need it)")
-    ft = FuseTree(tmp_path, tree)
-    try:
-        yield ft
-    finally:
-        ft.close()
-
-
-def bounded(fn: Callable[[], T], timeout: float = 60.0) -> T:
-    """fn() on another thread: a wedged FUSE daemon fails the test instead of hanging the suite."""
-    out: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:  # handed to the test thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        pytest.fail(f"a read through the FUSE mount did not return within {timeout} s: the daemon is wedged")
-    if errors:
-        raise errors[0]
-    return out[0]
+    yield from mounted(tree, tmp_path)
 
 
 A770_ACT = "drm/card1/gt/gt0/rps_act_freq_mhz"  # i915 keeps its GT frequencies under the DRM card
@@ -652,23 +571,7 @@ def test_eacces_and_eopnotsupp_on_one_file_are_that_value_absent(fuse_tree):
 @pytest.fixture
 def intel(tmp_path: Path):
     """intel(*flags, root=...) -> a ready exporter on the fake sysfs, NVML absent."""
-    started: list[Exporter] = []
-    no_nvml = tmp_path / "no-nvml"
-    no_nvml.mkdir()
-
-    def start(*flags: str, root: Path) -> Exporter:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RESMON_")}
-        env.update(LD_LIBRARY_PATH=str(no_nvml), PYTHONUNBUFFERED="1")
-        kube = [] if any(f.startswith("--kubernetes.") for f in flags) else ["--no-collector.kubernetes"]
-        exporter = Exporter([f"--path.sysfs={root}", *kube, *flags], env)
-        started.append(exporter)
-        exporter.wait_listening()
-        exporter.wait_ready()
-        return exporter
-
-    yield start
-    for e in started:
-        e.stop()
+    yield from sysfs_exporters(tmp_path)
 
 
 ARC_VRAM = 3 * GIB + 12345
