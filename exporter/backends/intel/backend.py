@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from os.path import join
 from typing import Callable
 
+from ...counters import Monotonic
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import BackendError, GpuOptions
 from ..drm import errors as sysfs
@@ -109,6 +110,7 @@ class IntelBackend:
         self._clock = clock or time.monotonic
         self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, unidentified=_placeholder)
         self._clients = DrmUsage(self._options.procfs, DRIVERS, clock=self._clock)
+        self._counters = Monotonic()
         self._lock = threading.Lock()  # one refresh at a time: the previous-refresh values are per card
         self._version_of: tuple[frozenset[str], str] = (frozenset(), platform.release())
 
@@ -207,6 +209,8 @@ class IntelBackend:
             self._cards.sync(cards)
             usage = self._clients.read()
             samples = self._cards.sample(cards, lambda state: self._sample(state, usage))
+            # the energy counter restarts with the driver: served values never decrease
+            samples = dict(zip(samples, self._counters.samples(samples.values())))
             return GpuReading(backend=self.name, success=True, device_count=len(cards),
                               driver_version=self._driver_version(cards), devices=self._cards.devices(samples))
 
