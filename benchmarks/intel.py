@@ -17,9 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -32,16 +30,7 @@ from fake_sysfs import GIB, FakeSysfs  # noqa: E402
 from resmon_exporter.backends import GpuOptions  # noqa: E402
 from resmon_exporter.backends.intel.backend import IntelBackend  # noqa: E402
 
-
-def timed(fn: Callable[[], object], repeats: int) -> tuple[list[float], list[float]]:
-    fn()  # warm: identities, the first sight of every client
-    wall, cpu = [], []
-    for _ in range(repeats):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        wall.append((time.perf_counter() - w) * 1000)
-        cpu.append((time.process_time() - c) * 1000)
-    return wall, cpu
+from amdgpu import timed  # noqa: E402  (benchmarks/amdgpu.py: the same warm-then-time loop)
 
 
 def main() -> int:

@@ -141,6 +141,19 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class Clock:
+    """A monotonic clock the test moves (the readers' clock= argument)."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 HOST_PID_NS = "pid:[4026531836]"  # PROC_PID_INIT_INO: the initial pid namespace's inode
 CONTAINER_PID_NS = "pid:[4026532481]"
 

@@ -12,26 +12,13 @@ import pytest
 from resmon_exporter.backends.drm import fdinfo
 from resmon_exporter.backends.drm.fdinfo import XE_ENGINES, DeviceUsage, DrmUsage
 from resmon_exporter.samples import GpuProcess
-from fake_fdinfo import GENERIC, KIB, MIB, FakeProc, amdgpu_client, i915_client, kernel_size, xe_client
+from fake_fdinfo import GENERIC, Clock, KIB, MIB, FakeProc, amdgpu_client, i915_client, kernel_size, xe_client
 
 RX, MI = "0000:03:00.0", "0000:c3:00.0"  # amdgpu cards
 IGPU, ARC = "0000:00:02.0", "0000:04:00.0"  # i915 integrated, xe discrete
 AMD = frozenset({"amdgpu"})
 INTEL = frozenset({"i915", "xe"})
 S = 10**9  # ns in a second
-
-
-class Clock:
-    """A clock() the test moves."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

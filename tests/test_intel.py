@@ -18,7 +18,7 @@ import pytest
 from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.intel.backend import IntelBackend, find_cards
 from resmon_exporter.samples import GpuReading
-from fake_fdinfo import FakeProc, amdgpu_client, i915_client, xe_client
+from fake_fdinfo import Clock, FakeProc, amdgpu_client, i915_client, xe_client
 from fake_intel import IntelBoard, add_intel, arc_a770, battlemage, flex_170_dkms, intel_host, max_1550, meteor_lake, set_card
 from fake_sysfs import GIB, MIB, FakeSysfs, rx7900
 from fakenvml import REPO, sysfs_exporters
@@ -30,19 +30,6 @@ BMG = "0000:5c:00.0"  # a Battlemage a test adds after the three: index 3
 AMD = "0000:05:00.0"  # an amdgpu card next to the Intel ones (A770 sits at rx7900's default address)
 HUGE = "9" * 400  # no sysfs number is that long: sysfs values are u64
 NO_IDS = ("/nonexistent/pci.ids",)
-
-
-class Clock:
-    """A monotonic clock the test moves."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def backend(root: Path, clock: Clock | None = None, procfs: Path | str = "/nonexistent/proc", processes: bool = False,

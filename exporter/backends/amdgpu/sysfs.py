@@ -31,10 +31,11 @@ from os.path import join
 from typing import Callable
 
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
-from ..base import BackendError, GpuOptions
+from ..base import GpuOptions
 from ..drm import errors as sysfs
 from ..drm.cards import Card
 from ..drm.cards import find_cards as drm_cards
+from ..drm.cards import require_cards
 from ..drm.fdinfo import DeviceUsage, DrmUsage
 from ..drm.tracker import CardTracker
 
@@ -350,9 +351,5 @@ class AmdgpuBackend:
 
 def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> AmdgpuBackend:
     """--gpu.backend=amdgpu: there must be an amdgpu card now, or the exporter does not start."""
-    cards = find_cards(sysfs_root)
-    if not cards:
-        where = join(sysfs_root, "class", "drm")
-        raise BackendError(f"--gpu.backend=amdgpu: no card of the amdgpu driver under {where}"
-                           + (" (cannot list it)" if cards is None else ""))
+    require_cards(sysfs_root, _DRIVERS, "amdgpu", "the amdgpu driver")
     return AmdgpuBackend(log, sysfs_root, options)

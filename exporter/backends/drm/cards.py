@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from os.path import join
 
+from ..base import BackendError
 from . import errors as sysfs
 
 _CARD = re.compile(r"card\d+")
@@ -53,3 +54,13 @@ def find_cards(sysfs_root: str, drivers: frozenset[str]) -> list[Card] | None:
         if driver in drivers:
             cards[pci] = Card(pci, device, driver, join(drm, name))
     return [cards[p] for p in sorted(cards)]
+
+
+def require_cards(sysfs_root: str, drivers: frozenset[str], backend: str, what: str) -> None:
+    """--gpu.backend=<backend> asked for explicitly: there must be a card of these drivers
+    (what: "the amdgpu driver") now, or the exporter does not start (BackendError)."""
+    cards = find_cards(sysfs_root, drivers)
+    if not cards:
+        where = join(sysfs_root, "class", "drm")
+        raise BackendError(f"--gpu.backend={backend}: no card of {what} under {where}"
+                           + (" (cannot list it)" if cards is None else ""))

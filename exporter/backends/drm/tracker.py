@@ -58,11 +58,6 @@ class CardTracker(Generic[S]):
         self._index: dict[str, int] = {}  # PCI address -> GPU index, given when first seen, kept
         self._unidentified: dict[str, Card] = {}  # enumerated at the last sync, identification failed
 
-    def state(self, pci: str) -> S | None:
-        """The card's state while it is identified and current (not stale)."""
-        tracked = self._cards.get(pci)
-        return None if tracked is None or tracked.stale else tracked.state
-
     def leave_all(self) -> None:
         for pci, tracked in self._cards.items():
             self._leave(pci, tracked)

@@ -47,10 +47,11 @@ from typing import Callable
 
 from ...counters import Monotonic
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
-from ..base import BackendError, GpuOptions
+from ..base import GpuOptions
 from ..drm import errors as sysfs
 from ..drm.cards import Card
 from ..drm.cards import find_cards as drm_cards
+from ..drm.cards import require_cards
 from ..drm.fdinfo import DeviceUsage, DrmUsage
 from ..drm.tracker import CardTracker
 from .names import PCI_IDS_FILES, gpu_name
@@ -300,12 +301,7 @@ class IntelBackend:
         return busy, utilization, len(processes), listed
 
 
-
 def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> IntelBackend:
     """--gpu.backend=intel: there must be an xe or i915 card now, or the exporter does not start."""
-    cards = find_cards(sysfs_root)
-    if not cards:
-        where = join(sysfs_root, "class", "drm")
-        raise BackendError(f"--gpu.backend=intel: no card of the xe or i915 driver under {where}"
-                           + (" (cannot list it)" if cards is None else ""))
+    require_cards(sysfs_root, DRIVERS, "intel", "the xe or i915 driver")
     return IntelBackend(log, sysfs_root, options)
