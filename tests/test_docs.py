@@ -183,7 +183,7 @@ def test_docs_name_exactly_the_threads_the_code_starts():
         claim = re.search(r"[^.(]*only (long-lived )?background thread[^.)]*", text)
         assert not claim, f"{path.name}: {claim.group(0).strip()!r}"
     code = code_thread_names()
-    assert {"resmon-gpu", "resmon-gpu-N", "resmon-xid"} <= code, code  # the parse found them
+    assert {"resmon-gpu", "resmon-gpu-read-N", "resmon-xid"} <= code, code  # the parse found them
     documented = set()
     for line in doc_section("## Threads").splitlines():
         first = line.strip().strip("|").split("|")[0].strip()

@@ -149,7 +149,7 @@ def test_concurrent_callers_share_one_read(nvml, log):
 
 
 def gpu_threads() -> int:
-    return sum(1 for t in threading.enumerate() if t.name.startswith("resmon-gpu"))  # the reader and the per-GPU workers
+    return sum(1 for t in threading.enumerate() if t.name.startswith("resmon-gpu"))  # the monitor's reader and the GPU readers
 
 
 def test_close_stops_the_thread_and_releases_the_monitor(nvml, log):
@@ -210,7 +210,8 @@ def test_a_hung_gpu_is_down_alone_with_one_read_in_flight(nvml, log):
             assert not snap.gpu_status.success
             assert snap.gpu_by_index(0).memory_total_bytes is not None
         assert trace.count("nvmlDeviceGetUtilizationRates", device=1) <= 2  # no pile-up behind the hung call
-        assert sum(t.name == "resmon-gpu-1" for t in threading.enumerate()) == 1
+        # one reader stuck in GPU 1's call, one more that went on past it: no thread per scrape
+        assert sum(t.name.startswith("resmon-gpu-read-") for t in threading.enumerate()) <= 2
         scenario.update(**{"gpu.1.delay_ms.nvmlDeviceGetUtilizationRates": None})
         wait_until(lambda: m.snapshot().gpu_status.success, timeout=10)
         assert ups(m.snapshot()) == [True] * 3
@@ -352,7 +353,8 @@ def test_a_monitor_dropped_without_close_stops_its_thread(nvml, log):
     before = gpu_threads()
     m = monitor(log)
     m.snapshot()
-    assert gpu_threads() == before + 1 + 3  # the reader and one worker per GPU
+    # the monitor's reader and the GPU readers: one, or one per GPU if start-up calls blocked
+    assert before + 2 <= gpu_threads() <= before + 1 + 3
     del m
     gc.collect()
     wait_until(lambda: gpu_threads() == before, timeout=5)

@@ -1,6 +1,6 @@
-"""How a refresh starts its per-GPU reads (exporter/backends/nvml/workers.py): one GPU
-after another while the driver answers at once, all together once its calls block, and a
-GPU hung in its first call holding up no other. Read from the fake's call trace of the
+"""How a refresh runs its per-GPU reads (exporter/backends/nvml/workers.py): one GPU
+after another on one thread while the driver answers at once, all together once its calls
+block, and a GPU hung in its first call holding up no other. Read from the fake's call trace of the
 real exporter; the order of calls, not their timing, is asserted."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 from resmon_exporter.backends.nvml import workers as nvml_workers
-from resmon_exporter.backends.nvml.workers import DeviceWorker, Relay, Starts
+from resmon_exporter.backends.nvml.workers import GpuSlot, Readers, Starts
 from fakenvml import gpu_keys
 from scenarios import three_gpus
 
@@ -79,20 +79,22 @@ def test_a_gpu_hung_in_its_first_call_holds_up_no_other(run_exporter, scenario):
         assert s.has("resmon_gpu_memory_used_bytes", gpu="2")
 
 
-# -- the relay itself, with real worker threads and jobs that record their order --------------
+# -- the chain itself, with real reader threads and jobs that record their order --------------
 
 
 @contextlib.contextmanager
-def relay_jobs(n: int, hang_first: bool = False) -> Iterator[tuple[list[DeviceWorker], list, list[int], threading.Event]]:
-    """n real workers, a job each that logs its index, and the gate: with hang_first, GPU 0's
-    job waits for it (set at the end at the latest) like a GPU hung in a call."""
+def chain_jobs(n: int, hang_first: bool = False) -> Iterator[tuple[Readers, list, list[tuple[int, str]], threading.Event]]:
+    """Readers, n slots with a job each that logs (its index, its thread's name), and the
+    gate: with hang_first, GPU 0's job waits for it (set at the end at the latest) like a GPU
+    hung in a call."""
     gate = threading.Event()
-    log: list[int] = []
-    workers = [DeviceWorker(i) for i in range(n)]
+    log: list[tuple[int, str]] = []
+    readers = Readers()
+    slots = [GpuSlot(i) for i in range(n)]
 
     def job(i: int):
         def run() -> int:
-            log.append(i)
+            log.append((i, threading.current_thread().name))
             if hang_first and i == 0:
                 gate.wait(10)
             return i
@@ -100,59 +102,91 @@ def relay_jobs(n: int, hang_first: bool = False) -> Iterator[tuple[list[DeviceWo
         return run
 
     try:
-        yield workers, [(w, job(i)) for i, w in enumerate(workers)], log, gate
+        yield readers, [(s, job(i)) for i, s in enumerate(slots)], log, gate
     finally:
         gate.set()
-        for w in workers:
-            w.stop()
-        for w in workers:
-            w.join(5)
+        readers.stop()
+        readers.join(5)
 
 
-def test_each_read_starts_the_next_when_it_returns(monkeypatch):
-    # with the refresh's own timer out of the way (10 s), only the reads can pass the relay
+def test_a_chain_reads_the_gpus_in_order_on_one_thread(monkeypatch):
+    # with the refresh's own timer out of the way (10 s), nothing but the chain moves the reads
     monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 10.0)
-    with relay_jobs(8) as (workers, jobs, log, _):
+    with chain_jobs(8) as (readers, jobs, log, _):
         started = time.monotonic()
-        submitted = Relay(jobs).run(time.monotonic() + 30)
-        assert time.monotonic() - started < 5  # not 8 x 10 s: each read passed the relay on
-        assert submitted == [True] * 8
-        assert [w.wait(time.monotonic() + 5)[:2] for w in workers] == [(True, i) for i in range(8)]
-        assert log == list(range(8))
+        chain = readers.run(jobs, time.monotonic() + 30)
+        assert time.monotonic() - started < 5  # not 8 x 10 s: each read went on to the next
+        assert readers.outcome(chain) == [(True, True, i, None) for i in range(8)]
+        assert [i for i, _ in log] == list(range(8))
+        assert len({name for _, name in log}) == 1  # no hand-off between threads
+        assert readers.threads == 1
+        chain = readers.run(jobs, time.monotonic() + 30)  # the next refresh reuses the idle reader
+        assert readers.outcome(chain)[7] == (True, True, 7, None)
+        assert readers.threads == 1
 
 
-def test_a_read_that_holds_the_relay_is_passed_and_a_busy_worker_skipped():
-    with relay_jobs(4, hang_first=True) as (workers, jobs, _, _):
+def test_a_read_that_holds_the_chain_is_passed_and_a_busy_gpu_skipped():
+    with chain_jobs(4, hang_first=True) as (readers, jobs, log, _):
         busy = threading.Event()
-        assert workers[2].submit(lambda: busy.wait(10))  # still busy from an earlier refresh
+        other = readers.run([(jobs[2][0], lambda: busy.wait(10))], time.monotonic() + 0.2)  # still busy from an earlier refresh
+        assert readers.outcome(other) == [(True, False, None, None)]
         try:
-            submitted = Relay(jobs).run(time.monotonic() + 30)
-            assert submitted == [True, True, False, True]
-            assert workers[3].wait(time.monotonic() + 5)[:2] == (True, 3)  # GPU 0 still hung
-            assert not workers[0].wait(time.monotonic())[0]
+            chain = readers.run(jobs, time.monotonic() + 3)
+            outcome = readers.outcome(chain)
+            assert [started for started, *_ in outcome] == [True, True, False, True]
+            assert outcome[3] == (True, True, 3, None)  # GPU 0 still hung
+            assert outcome[0][:2] == (True, False)
+            assert jobs[0][0].busy and not jobs[1][0].busy
         finally:
             busy.set()
+        assert readers.wait_idle(time.monotonic() + 0.5) is False  # GPU 0's read is still running
+        assert readers.threads <= 4  # a reader per read that held the chain, no more
 
 
 def test_no_read_starts_after_the_deadline():
-    with relay_jobs(3, hang_first=True) as (workers, jobs, log, gate):
-        submitted = Relay(jobs).run(time.monotonic())  # the refresh has no time left
-        assert submitted == [True, False, False]
+    with chain_jobs(3, hang_first=True) as (readers, jobs, log, gate):
+        chain = readers.run(jobs, time.monotonic())  # the refresh has no time left
+        assert readers.outcome(chain)[1:] == [(False, False, None, None)] * 2
         gate.set()
-        assert workers[0].wait(time.monotonic() + 5)[0]
+        assert readers.wait_idle(time.monotonic() + 5)
         time.sleep(0.05)
-        assert log == [0]  # GPU 0's late return started nothing
+        assert [i for i, _ in log] in ([], [0])  # GPU 0's late return started nothing
+
+
+def test_a_probe_that_blocks_gives_every_gpu_left_a_reader():
+    with chain_jobs(6) as (readers, jobs, log, _):
+        release = threading.Event()
+        probe_calls = threading.Event()
+
+        def blocking_first() -> int:
+            log.append((0, threading.current_thread().name))
+            nvml_workers.nvml_errors._blocking.notify(nvml_workers.BLOCKED_SECONDS)  # one call that waited
+            probe_calls.set()
+            release.wait(10)
+            return 0
+
+        def waits(i: int):
+            def run() -> int:
+                log.append((i, threading.current_thread().name))
+                release.wait(10)
+                return i
+            return run
+
+        jobs = [(jobs[0][0], blocking_first)] + [(slot, waits(i)) for i, (slot, _) in enumerate(jobs) if i]
+        threading.Timer(1.0, release.set).start()
+        chain = readers.run(jobs, time.monotonic() + 5)
+        assert chain.blocked
+        assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 6
+        assert len({name for _, name in log}) == 6  # every read had its own reader
 
 
 def test_a_driver_found_blocking_is_read_all_at_once_for_the_next_refreshes():
     starts = Starts()
     modes = []
     for k in range(10):
-        relay = starts.relay([])
-        modes.append("at once" if relay.at_once else "relay")
-        relay.blocked = k == 1  # the probe of the second refresh found the driver blocking
-        starts.learn(relay)
+        modes.append("at once" if starts.at_once() else "chain")
+        starts.learn(blocked=k == 1)  # the probe of the second refresh found the driver blocking
     expected_at_once = nvml_workers.PROBE_EVERY - 1
-    assert modes[:2] == ["relay", "relay"]
+    assert modes[:2] == ["chain", "chain"]
     assert modes[2 : 2 + expected_at_once] == ["at once"] * expected_at_once
-    assert modes[2 + expected_at_once :] == ["relay"] * (8 - expected_at_once)
+    assert modes[2 + expected_at_once :] == ["chain"] * (8 - expected_at_once)

@@ -47,7 +47,7 @@ from .gpm import GpmReader
 from .health import SLOW_RECHECK, HealthReader
 from .mig import MigLayout, MigReader
 from .slow import Cadence, SlowPart
-from .workers import DeviceWorker, HandleCache, Starts, device_limit
+from .workers import GpuSlot, HandleCache, Readers, Starts, device_limit
 from .wanted import Wanted
 from .xid import XidWatcher
 
@@ -188,12 +188,14 @@ class NvmlBackend:
         self._slow_parts: dict[str, SlowPart] = {}
         self._hints = sized.Hints()  # buffer sizes of the sample and process-list reads
         self._forget_after = forget_after
-        # each GPU is read on its own worker; a refresh waits this long for one GPU, after
-        # which that GPU alone is down until its read returns (--collect.timeout, a little less)
+        # the GPUs are read on the reader threads (workers.py); a refresh waits this long for
+        # one GPU, after which that GPU alone is down until its read returns (--collect.timeout,
+        # a little less)
         self._device_timeout = device_timeout
         self._device_limit = device_limit(device_timeout)
-        self._workers: dict[int, DeviceWorker] = {}  # by index
-        self._starts = Starts()  # a relay or all at once (workers.py)
+        self._workers: dict[int, GpuSlot] = {}  # each GPU's read state, by index
+        self._readers = Readers()
+        self._starts = Starts()  # a chain or all at once (workers.py)
         self._stuck: set[int] = set()  # indices whose read is in flight past the limit
         self._any_stuck = False  # in this read
         # guards the identity maps where a worker iterates or re-keys them (never held over an NVML call)
@@ -433,7 +435,7 @@ class NvmlBackend:
         until = time.monotonic() + wait
         if self._xid is not None and not self._xid.stop(wait):
             return False
-        return all(worker.wait_idle(until) for worker in list(self._workers.values()))
+        return self._readers.wait_idle(until)
 
     def _nvml_shutdown(self) -> None:
         if self._gpm is not None:
@@ -455,14 +457,10 @@ class NvmlBackend:
                 self._released.set()  # never initialised, or already shut down
         if self._xid is not None:
             self._xid.stop(0.0, on_exit=self._after_close)
-        workers = list(self._workers.values())
-        for worker in workers:
-            # each ends once idle; one stuck in a call ends when it returns
-            worker.stop(self._after_close)
+        # each reader ends once idle; one stuck in a call ends when it returns
+        self._readers.stop(self._after_close)
         self._after_close()
-        until = time.monotonic() + 0.5
-        for worker in workers:
-            worker.join(max(0.0, until - time.monotonic()))  # idle ones end at once
+        self._readers.join(0.5)  # idle ones end at once
 
     def _after_close(self) -> None:
         with self._close_lock:
@@ -670,23 +668,21 @@ class NvmlBackend:
         until = now + self._device_limit
         jobs = []
         for i in range(count):
-            worker = self._workers.get(i)
-            if worker is None:
-                worker = self._workers[i] = DeviceWorker(i)
+            slot = self._workers.get(i)
+            if slot is None:
+                slot = self._workers[i] = GpuSlot(i)
             slow = self._cadence.due(self._key_at.get(i), now)
-            jobs.append((worker, lambda i=i, slow=slow: self._read_device(i, slow)))
-        relay = self._starts.relay(jobs)
-        # busy now: a read still in flight from an earlier refresh, which the relay passes over
-        in_flight = [worker.busy for worker, _ in jobs]
-        started = relay.run(until)
+            jobs.append((slot, lambda i=i, slow=slow: self._read_device(i, slow)))
+        # busy now: a read still in flight from an earlier refresh, which the chain passes over
+        in_flight = [slot.busy for slot, _ in jobs]
+        chain = self._readers.run(jobs, until, self._starts.at_once())
         out: list[tuple[str, GpuSample]] = []
         watched: dict[str, Any] = {}
         seconds = dict.fromkeys(_PARTS, 0.0)
         error: BaseException | None = None
         defect: BaseException | None = None
         self._any_stuck = False
-        for i, submitted in enumerate(started):
-            done, result, err = self._workers[i].wait(until) if submitted else (False, None, None)
+        for i, (submitted, done, result, err) in enumerate(self._readers.outcome(chain)):
             if not done:
                 # neither submitted nor in flight: the refresh's deadline passed before the relay reached it
                 out.append(self._stuck_device(i, started=submitted or in_flight[i]))
@@ -720,7 +716,7 @@ class NvmlBackend:
                 self._cadence.read(result.key, i, count, now)
             if result.reread:
                 self._cadence.force(result.key)
-        self._starts.learn(relay)
+        self._starts.learn(chain.blocked)
         if defect is not None:
             if error is not None:  # the library went too: re-initialise as read() would, then report the defect
                 self._lost_backend(error)

@@ -1,20 +1,21 @@
-"""One worker thread per GPU, so that a hung or slow GPU holds up only itself.
+"""The threads that read the GPUs: a hung or slow GPU holds up only itself.
 
 ctypes releases the GIL during each foreign call, so NVML calls of different GPUs overlap
-(a real driver may still serialise some of them internally). Each worker runs at most one
-read at a time: a GPU whose read has not returned is not asked again until it does (no
-threads pile up behind a hung call). Idle workers block on a condition: no wakeups.
+(a real driver may still serialise some of them internally). A GPU whose read has not
+returned is not asked again until it does (GpuSlot: no threads pile up behind a hung call).
+Idle readers block on a lock: no wakeups.
 
-How a refresh starts its reads (Relay, Starts): with a driver that answers at once, runnable
-workers only hand the GIL to each other at every ctypes call (with 8 or 64 of them each
-call was a thread switch: 3-4x the CPU of reading the GPUs one after another). So a refresh
-starts its reads as a relay: each read starts the next one when it returns, and the refresh
-itself starts the next one when a read has held the relay RELAY_SECONDS (hung or long). The
-reads the refresh starts itself are probes: they time their NVML calls, and a probe with
-BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS, or one call longer than
-BLOCKED_SECONDS (a driver where a single call per GPU waits), finds a driver that blocks;
-every read left then starts at once, and so do the next PROBE_EVERY - 1 refreshes (all in
-flight together, the GPUs' waits overlap), after which a relay probes again.
+How a refresh reads its GPUs (Readers.run, a Chain): with a driver that answers at once,
+every hand-off between threads costs more than a GPU's calls (a thread switch per GPU was a
+third of a refresh's CPU; with a thread per GPU all started together, every ctypes call was
+one: 3-4x). So one reader thread takes the GPUs one after another, in order. The refresh
+lends the chain another reader when the read in front has made no progress for
+RELAY_SECONDS while inside one NVML call (hung or long), or for STALL_SECONDS in all; the new
+reader goes on with the next GPU. Every read of a chain not yet all at once is a probe: a
+read with BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS, or one call longer
+than BLOCKED_SECONDS (a driver where a single call per GPU waits), finds a driver that
+blocks; every GPU left then gets a reader of its own at once (their waits overlap), and so
+do the next PROBE_EVERY - 1 refreshes, after which a chain probes again.
 """
 
 from __future__ import annotations
@@ -26,206 +27,269 @@ from typing import Any, Callable, Sequence
 from . import errors as nvml_errors
 
 RELAY_SECONDS = 0.001  # a read without progress for this long (1-2 ms in all) is passed
-BLOCKED_CALLS = 4  # long calls that pass a probe on: the binding's two or three heavy
+BLOCKED_CALLS = 4  # long calls that make a probe: the binding's two or three heavy
 # wrappers and a preempted call are not yet a driver that blocks
 BLOCKED_SECONDS = 0.0005  # ... or one call this long: a call that waits on the driver for
 # half a millisecond is a driver that blocks, even if it is the only one
 STALL_SECONDS = 0.01  # a read without progress this long is passed even while it runs Python
-PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a relay
+PROBE_EVERY = 4  # while the driver blocks, one refresh in this many starts as a chain
+
+Job = Callable[[], Any]
 
 
-class DeviceWorker:
-    """Runs one job at a time for one GPU on its own daemon thread."""
+class GpuSlot:
+    """One GPU's read state, shared by whichever reader runs its read."""
 
     def __init__(self, index: int) -> None:
-        self._cond = threading.Condition()
-        self._job: Callable[[], Any] | None = None
-        self._submitted = 0
-        self._done = 0
-        self._result: tuple[Any, BaseException | None] = (None, None)
-        self._relay: Relay | None = None  # told once when the running job is released
-        self._probe = False  # the running job tells the relay whether the driver blocks
-        self._blocking = 0  # NVML calls of the running job that blocked
-        self._stopping = False
-        self._on_exit: Callable[[], None] | None = None
-        self.inflight_since: float | None = None  # monotonic start of the job not yet returned
-        self.call_since: float | None = None  # perf_counter() start of the NVML call its job is inside
-        self._thread = threading.Thread(target=self._run, name=f"resmon-gpu-{index}", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Callable[[], Any], relay: Relay | None = None, probe: bool = False) -> bool:
-        """Start job unless the previous one is still running (then False: not queued);
-        relay: told when the job returns, or (probe) once its calls blocked."""
-        with self._cond:
-            if self.inflight_since is not None or self._stopping:
-                return False
-            self._job = job
-            self._relay = relay
-            self._probe = probe
-            self._blocking = 0
-            self._submitted += 1
-            self.inflight_since = time.monotonic()
-            self._cond.notify_all()
-            return True
-
-    def wait(self, until: float) -> tuple[bool, Any, BaseException | None]:
-        """(finished, result, error) of the submitted job, waiting until the monotonic time until."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._done == self._submitted, max(0.0, until - time.monotonic()))
-            if self._done != self._submitted:
-                return False, None, None
-            return True, *self._result
+        self.index = index
+        self.inflight_since: float | None = None  # monotonic start of the read not yet returned
+        self.call_since: float | None = None  # perf_counter() start of the NVML call its read is inside
 
     @property
     def busy(self) -> bool:
         return self.inflight_since is not None
 
-    def wait_idle(self, until: float) -> bool:
-        """True once no job is running (by the monotonic time until)."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.inflight_since is None, max(0.0, until - time.monotonic()))
 
-    def stop(self, on_exit: Callable[[], None] | None = None) -> None:
-        """The thread ends once idle (a job still inside NVML finishes first), calling
-        on_exit on its way out."""
-        with self._cond:
-            self._stopping = True
-            self._on_exit = on_exit
-            self._cond.notify_all()
+class Chain:
+    """One refresh's reads, taken in order by the readers lent to it. Changed under the
+    Readers' lock."""
 
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    def _blocked(self, seconds: float) -> None:
-        """One NVML call of the running job blocked for seconds (on this worker's thread)."""
-        self._blocking += 1
-        if self._blocking >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS:
-            self._pass_relay(blocked=True)  # once: _pass_relay forgets the relay
-
-    def _pass_relay(self, blocked: bool = False) -> None:
-        relay, self._relay = self._relay, None  # this thread alone runs the job: no lock
-        if relay is not None:
-            relay.passed(blocked)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._job is not None or self._stopping)
-                if self._job is None:
-                    break  # stopping and idle
-                job, self._job = self._job, None
-            result: Any = None
-            error: BaseException | None = None
-            # only a probe counts its long calls; every job shows when it is inside one (Relay.run)
-            nvml_errors.tell_when_blocking(self._blocked if self._probe else None, self)
-            try:
-                result = job()
-            except BaseException as exc:  # handed to the reader, which decides
-                error = exc
-            nvml_errors.tell_when_blocking(None)
-            try:
-                self._pass_relay()  # before the result: the next GPU need not wait for the reader
-            finally:
-                with self._cond:
-                    self._result = (result, error)
-                    self._done += 1
-                    self.inflight_since = None
-                    self._cond.notify_all()
-        if self._on_exit is not None:
-            self._on_exit()
-
-
-class Relay:
-    """Starts one refresh's jobs in order (see the module docstring): all at once, or as a
-    relay. A relay's probe, the read the refresh starts itself (the first, or the next one
-    after a read held the relay RELAY_SECONDS), tells whether the driver blocks: when its
-    calls did, every read left starts at once. A worker still busy from an earlier refresh
-    is passed over."""
-
-    def __init__(self, jobs: Sequence[tuple[DeviceWorker, Callable[[], Any]]], at_once: bool = False) -> None:
-        self._jobs = jobs
-        self._lock = threading.Lock()
-        self._next = 0
-        self._all_started = threading.Event()
+    def __init__(self, jobs: Sequence[tuple[GpuSlot, Job]], at_once: bool) -> None:
+        self.jobs = tuple(jobs)
+        self.next = 0  # the next job to take
+        self.running = 0  # taken, not returned
+        self.progress = 0  # takes and returns so far: the refresh watches it move
+        self.closed = False  # the refresh's deadline passed: nothing more starts
         self.at_once = at_once
         self.blocked = False  # a probe's calls blocked: the rest started at once
-        self.submitted = [False] * len(jobs)
+        self.last: GpuSlot | None = None  # the slot of the read taken last
+        self.started = [False] * len(self.jobs)
+        self.results: list[tuple[bool, Any, BaseException | None]] = [(False, None, None)] * len(self.jobs)
+        self.finished = threading.Event()  # every job returned, passed over or not to start
 
-    def run(self, until: float) -> list[bool]:
-        """Start the jobs, none after the monotonic time until (the refresh has given up on
-        those by then: they are reported as not read); which were submitted."""
-        self._start(probe=True)
-        seen = self._next
-        moved = time.monotonic()  # when the relay last made progress
-        while not self._all_started.is_set():
+    def left(self) -> int:
+        return len(self.jobs) - self.next
+
+
+class _Probe:
+    """Told of one read's long NVML calls (on its reader's thread, errors.tell_when_blocking)."""
+
+    def __init__(self, readers: Readers, chain: Chain) -> None:
+        self._readers, self._chain, self._calls = readers, chain, 0
+
+    def __call__(self, seconds: float) -> None:
+        self._calls += 1
+        if self._calls >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS:
+            self._readers.spread(self._chain)
+
+
+class _Reader:
+    """One daemon thread that runs the chains it is lent."""
+
+    def __init__(self, readers: Readers, number: int) -> None:
+        self._readers = readers
+        self.chain: Chain | None = None
+        self._gate = threading.Lock()  # released to lend a chain (or to stop): held while idle
+        self._gate.acquire()
+        self.thread = threading.Thread(target=self._run, name=f"resmon-gpu-read-{number}", daemon=True)
+        self.thread.start()
+
+    def lend(self, chain: Chain | None) -> None:
+        self.chain = chain
+        self._gate.release()
+
+    def _run(self) -> None:
+        readers = self._readers
+        while True:
+            self._gate.acquire()
+            chain = self.chain
+            if chain is None:
+                break  # stopped while idle
+            readers.work(chain)
+            if not readers.idle(self):
+                break  # stopping
+        readers.exited(self)
+
+
+class Readers:
+    """The reader threads of one backend, made as they are first needed and kept idle."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: list[_Reader] = []
+        self._all: list[_Reader] = []
+        self._made = 0
+        self._running = 0  # reads in flight, every chain
+        self._stopping = False
+        self._on_exit: Callable[[], None] | None = None
+
+    def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False) -> Chain:
+        """Read the jobs (a slot still busy from an earlier refresh is passed over), none
+        started after the monotonic time until; returns once every started read returned or
+        at until (the reads still running are the refresh's stuck GPUs)."""
+        chain = Chain(jobs, at_once)
+        with self._cond:
+            if self._stopping or not chain.jobs:
+                chain.closed = True
+                chain.finished.set()
+                return chain
+            self._lend(chain, chain.left() if at_once else 1)
+        seen = chain.progress
+        moved = time.monotonic()  # when the chain last made progress
+        while not chain.finished.is_set():
             now = time.monotonic()
             if now >= until:
-                with self._lock:
-                    self._next = len(self._jobs)  # a late pass starts nothing either
-                    self._all_started.set()
+                with self._cond:
+                    chain.closed = True  # a late return starts nothing
                 break
             wait = min(RELAY_SECONDS, until - now)
             # no progress for a whole RELAY_SECONDS, and the read in front inside one NVML call
             # that long: it waits on the driver (hung or slow). A read running Python on a busy
             # machine is passed only after STALL_SECONDS (two at once would only hand the GIL to
-            # each other, and a read in the GIL's queue is not hung). A wait
-            # cut short by the deadline starts nothing (it once started one after it).
-            if not self._all_started.wait(wait) and self._next == seen and wait == RELAY_SECONDS:
-                if self._front_waits() or time.monotonic() - moved >= STALL_SECONDS:
-                    self._start(probe=True)
-            if self._next != seen:
+            # each other, and a read in the GIL's queue is not hung). A wait cut short by the
+            # deadline lends nothing.
+            if not chain.finished.wait(wait) and chain.progress == seen and wait == RELAY_SECONDS:
+                if self._front_waits(chain) or time.monotonic() - moved >= STALL_SECONDS:
+                    with self._cond:
+                        self._lend(chain, 1)
+            if chain.progress != seen:
                 moved = time.monotonic()
-            seen = self._next
-        return self.submitted
+            seen = chain.progress
+        return chain
 
-    def _front_waits(self) -> bool:
-        """The read started last is inside an NVML call for RELAY_SECONDS or more (or its
-        worker is gone from under it: not knowable, so yes)."""
-        with self._lock:
-            started = [w for (w, _), s in zip(self._jobs[: self._next], self.submitted) if s]
-        if not started:
+    def outcome(self, chain: Chain) -> list[tuple[bool, bool, Any, BaseException | None]]:
+        """(started, returned, result, error) of each job, as of now."""
+        with self._cond:
+            return [(s, *r) for s, r in zip(chain.started, chain.results)]
+
+    @staticmethod
+    def _front_waits(chain: Chain) -> bool:
+        """The read taken last is inside an NVML call for RELAY_SECONDS or more (or no read
+        started yet: its reader is not running, not knowable why, so yes)."""
+        slot = chain.last
+        if slot is None:
             return True
-        since = started[-1].call_since
+        since = slot.call_since
         return since is not None and time.perf_counter() - since >= RELAY_SECONDS
 
-    def passed(self, blocked: bool) -> None:
-        """From a worker: its read returned, or (blocked) the probe's calls blocked."""
-        if blocked:
-            with self._lock:
-                self.blocked = self.at_once = True
-        self._start(probe=False)
+    def spread(self, chain: Chain) -> None:
+        """A probe found the driver blocking: every job left gets a reader of its own."""
+        with self._cond:
+            if chain.at_once:
+                return
+            chain.blocked = chain.at_once = True
+            self._lend(chain, chain.left())
 
-    def _start(self, probe: bool) -> None:
-        """Start the next job that can start, or every one left when at once."""
-        with self._lock:
-            while self._next < len(self._jobs):
-                i = self._next
-                self._next += 1
-                worker, job = self._jobs[i]
-                if self.at_once:
-                    self.submitted[i] = worker.submit(job)
-                elif worker.submit(job, self, probe):
-                    self.submitted[i] = True
+    def _lend(self, chain: Chain, n: int) -> None:
+        """Lend the chain up to n more readers (under the lock)."""
+        for _ in range(min(n, chain.left())):
+            if self._stopping or chain.closed:
+                return
+            if self._idle:
+                reader = self._idle.pop()
+            else:
+                self._made += 1
+                reader = _Reader(self, self._made)
+                self._all.append(reader)
+            reader.lend(chain)
+
+    def work(self, chain: Chain) -> None:
+        """On a reader: take the chain's jobs in order until none is left."""
+        while True:
+            with self._cond:
+                while not (chain.closed or self._stopping) and chain.next < len(chain.jobs):
+                    i = chain.next
+                    chain.next += 1
+                    slot, job = chain.jobs[i]
+                    if slot.busy:  # still in flight from an earlier refresh
+                        continue
+                    slot.inflight_since = time.monotonic()
+                    chain.started[i] = True
+                    chain.running += 1
+                    chain.progress += 1
+                    chain.last = slot
+                    self._running += 1
                     break
-            if self._next == len(self._jobs):
-                self._all_started.set()
+                else:
+                    if chain.running == 0:
+                        chain.finished.set()
+                    return
+            nvml_errors.tell_when_blocking(None if chain.at_once else _Probe(self, chain), slot)
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = job()
+            except BaseException as exc:  # handed to the refresh, which decides
+                error = exc
+            nvml_errors.tell_when_blocking(None)
+            with self._cond:
+                slot.inflight_since = slot.call_since = None
+                chain.results[i] = (True, result, error)
+                chain.running -= 1
+                chain.progress += 1
+                self._running -= 1
+                self._cond.notify_all()  # wait_idle()
+
+    def idle(self, reader: _Reader) -> bool:
+        """A reader is done with its chain: back to the idle ones (False: stopping, it ends)."""
+        with self._cond:
+            reader.chain = None
+            if self._stopping:
+                return False
+            self._idle.append(reader)
+            return True
+
+    def exited(self, reader: _Reader) -> None:
+        with self._cond:
+            if reader in self._all:
+                self._all.remove(reader)
+            on_exit = self._on_exit
+        if on_exit is not None:
+            on_exit()
+
+    def wait_idle(self, until: float) -> bool:
+        """True once no read is running (by the monotonic time until)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._running == 0, max(0.0, until - time.monotonic()))
+
+    @property
+    def threads(self) -> int:
+        with self._cond:
+            return len(self._all)
+
+    def stop(self, on_exit: Callable[[], None] | None = None) -> None:
+        """Every reader ends once idle (a read still inside NVML finishes first), calling
+        on_exit on its way out."""
+        with self._cond:
+            self._stopping = True
+            self._on_exit = on_exit
+            idle, self._idle = self._idle, []
+        for reader in idle:
+            reader.lend(None)
+
+    def join(self, timeout: float) -> None:
+        until = time.monotonic() + timeout
+        with self._cond:
+            readers = list(self._all)
+        for reader in readers:
+            reader.thread.join(max(0.0, until - time.monotonic()))
 
 
 class Starts:
-    """Whether the next refresh starts its reads as a relay or all at once (see the module
+    """Whether the next refresh starts its reads as a chain or all at once (see the module
     docstring). Used by the refresh's one thread."""
 
     def __init__(self) -> None:
-        self._at_once_left = 0  # refreshes still to start at once before the next relay
+        self._at_once_left = 0  # refreshes still to start at once before the next chain
 
-    def relay(self, jobs: Sequence[tuple[DeviceWorker, Callable[[], Any]]]) -> Relay:
+    def at_once(self) -> bool:
         at_once = self._at_once_left > 0
         self._at_once_left = max(0, self._at_once_left - 1)
-        return Relay(jobs, at_once)
+        return at_once
 
-    def learn(self, relay: Relay) -> None:
+    def learn(self, blocked: bool) -> None:
         """After the refresh's reads returned: a probe that blocked, a driver that does."""
-        if relay.blocked:
+        if blocked:
             self._at_once_left = PROBE_EVERY - 1
 
 
