@@ -1174,10 +1174,10 @@ class NvmlBackend:
             entries: Any = ()
             if answer:
                 value_type, entries = answer
-                for e in entries:
-                    value = nvml_fields.union_value(int(value_type), e.sampleValue)
+                for stamp, raw in entries:
+                    value = nvml_fields.raw_value(value_type, raw)
                     if value is not None:
-                        samples.append((int(e.timeStamp), float(value)))
+                        samples.append((stamp, float(value)))
             out.append((engine, self._busy.add(key, engine, samples, answered=len(entries))))
             current = self._busy.current(key, engine)
             if current is not None and asked:  # not after a whole-ring answer (its newest may be old)

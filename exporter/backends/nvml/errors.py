@@ -109,8 +109,8 @@ _blocking = _Blocking()
 
 
 def tell_when_blocking(notify: Callable[[float], None] | None, calling: Any = None) -> None:
-    """On this thread, call notify(seconds) after every NVML call that took long, and keep
-    calling.call_since at the perf_counter() start of the call in progress (None outside one)
+    """On this thread, call notify(seconds) after every NVML call that took long (only with
+    calling given), and keep calling.call_since at the perf_counter() start of the call in progress (None outside one)
     so another thread can tell a call that waits from Python that runs (None, None: stop)."""
     _blocking.notify = notify
     _blocking.calling = calling
@@ -131,28 +131,32 @@ _REQUIRED_ABSENT = ABSENT_CODES - {NO_PERMISSION}
 
 
 def _timed(absent: frozenset[int], fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T | None:
-    notify, calling = _blocking.notify, _blocking.calling
-    if notify is None and calling is None:
-        return _classified(absent, fn, *args, **kwargs)
+    # one frame around the call: this runs for every NVML call of a refresh
+    calling = _blocking.calling
+    if calling is None:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            return _classified(absent, exc)
     start = perf_counter()
-    if calling is not None:
-        calling.call_since = start
+    calling.call_since = start
     try:
-        return _classified(absent, fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        return _classified(absent, exc)
     finally:
-        if calling is not None:
-            calling.call_since = None
+        calling.call_since = None
         took = perf_counter() - start
+        notify = _blocking.notify
         if notify is not None and took > BLOCKING_SECONDS:
             notify(took)
 
 
-def _classified(absent: frozenset[int], fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
-    try:
-        return fn(*args, **kwargs)
-    except pynvml.NVMLLibraryMismatchError as exc:  # not an NVMLError: old driver, no _v3
+def _classified(absent: frozenset[int], exc: Exception) -> None:
+    """None for an absent value; raises what the failure means otherwise."""
+    if isinstance(exc, pynvml.NVMLLibraryMismatchError):  # not an NVMLError: old driver, no _v3
         raise Missing(describe(exc)) from None
-    except pynvml.NVMLError as exc:
+    if isinstance(exc, pynvml.NVMLError):
         code = exc.value
         if code in absent:
             return None
@@ -163,10 +167,10 @@ def _classified(absent: frozenset[int], fn: Callable[..., T], *args: Any, **kwar
         if code in BACKEND_CODES:
             raise BackendDown(code, describe(exc)) from None
         raise DeviceDown(code, describe(exc)) from None
-    except UnicodeDecodeError as exc:  # a name that is not UTF-8: that field only
+    if isinstance(exc, UnicodeDecodeError):  # a name that is not UTF-8: that field only
         raise Undecodable(None, f"{exc.__class__.__name__}: {exc}") from None
-    except Exception as exc:  # other garbage from the driver or binding: that device only
-        raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
+    # other garbage from the driver or binding: that device only
+    raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
 
 
 def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:

@@ -69,8 +69,6 @@ CLOCK_EVENT_UNITS_PER_SECOND = 1e9
 # NVML's all-ones "not available" values
 U32_NA = 0xFFFFFFFF
 U64_NA = 0xFFFFFFFFFFFFFFFF
-# nvmlValueType_t -> union member
-_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _DOUBLE = 0
 _SENTINELS = {1: U32_NA, 2: U64_NA, 3: U64_NA}  # unsigned types' all-ones value
 
@@ -109,46 +107,42 @@ class _Entry(ctypes.Structure):
 assert ctypes.sizeof(_Entry) == 40
 
 
+# One entry as bytes (the struct above): fieldId, scopeId, timestamp, latencyUsec, valueType,
+# nvmlReturn, the 8 bytes of the value. A batch is decoded from one copy of the array with
+# struct, not entry by entry through ctypes attributes (a fifth of a GPU's refresh).
+_ENTRY = struct.Struct("<IIqqII8s")
+_RAW = {0: struct.Struct("<Q"), 1: struct.Struct("<I"), 2: struct.Struct("<Q"), 3: struct.Struct("<Q"),
+        4: struct.Struct("<q"), 5: struct.Struct("<i"), 6: struct.Struct("<H")}
+_AS_DOUBLE = struct.Struct("<d")
+# the request arrays already built, by their requests (a GPU asks the same few every refresh);
+# bytes are immutable, so the workers share them without a lock
+_templates: dict[tuple[Request, ...], bytes] = {}
+_TEMPLATES_MAX = 256
+
+
 def get_field_values(handle: Any, requests: list[Request]) -> Any:
     """nvmlDeviceGetFieldValues for [(field id, scope id)]: the filled array (errors raised as
     pynvml's NVMLError, for errors.py)."""
     fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    entries = (_Entry * len(requests))()
-    for entry, (fid, scope) in zip(entries, requests):
-        entry.fieldId, entry.scopeId = fid, scope
+    key = tuple(requests)
+    template = _templates.get(key)
+    if template is None:
+        built = (_Entry * len(requests))()
+        for entry, (fid, scope) in zip(built, requests):
+            entry.fieldId, entry.scopeId = fid, scope
+        template = bytes(built)
+        if len(_templates) < _TEMPLATES_MAX:
+            _templates[key] = template
+    entries = (_Entry * len(requests)).from_buffer_copy(template)
     pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int(len(requests)), entries))
     return entries
 
 
-def _raw_u64(value: Any) -> int:
-    return struct.unpack("<Q", struct.pack("<d", value.dVal))[0]
-
-
 def decode(entry: Any) -> float | int | None:
-    """The value of one nvmlFieldValue_t, or None when its own return says it has none."""
-    if not nvml_errors.entry_ok(entry.nvmlReturn):
-        return None
-    return union_value(int(entry.valueType), entry.value)
-
-
-def union_value(value_type: int, value: Any) -> float | int | None:
-    """An nvmlValue_t by its nvmlValueType_t (field values, sample buffers). A DOUBLE whose
-    upper 32 bits are 0 is an integer the driver mislabelled (r545 wrote memory temperature
-    as uiVal but said DOUBLE, nvbug 4300930): as a double it would be a denormal, never a
-    real reading. Non-finite doubles and all-ones sentinels are None."""
-    member = _MEMBERS.get(value_type)
-    if member is None:
-        return None
-    if value_type == _DOUBLE:
-        raw = _raw_u64(value)
-        if raw >> 32 == 0:
-            return raw
-        number = float(value.dVal)
-        return number if math.isfinite(number) else None
-    number = int(getattr(value, member))
-    if number == _SENTINELS.get(value_type):  # all ones: "not available"
-        return None
-    return number
+    """The value of one nvmlFieldValue_t (any ctypes struct of its layout), or None when its
+    own return says it has none; read() decodes a whole batch the same way."""
+    _, _, _, _, value_type, code, raw = _ENTRY.unpack(bytes(entry))
+    return raw_value(value_type, raw) if nvml_errors.entry_ok(code) else None
 
 
 def read(handle: Any, requests: Iterable[Request], call: Any) -> Values | None:
@@ -162,20 +156,40 @@ def read(handle: Any, requests: Iterable[Request], call: Any) -> Values | None:
     if entries is None:
         return None
     out = Values()
-    for entry in entries:
-        request = (int(entry.fieldId), int(entry.scopeId))
-        value = decode(entry)
-        if value is None:
-            if not nvml_errors.entry_ok(entry.nvmlReturn):
-                out.failed.add(request)
+    for fid, scope, _, _, value_type, code, raw in _ENTRY.iter_unpack(bytes(entries)):
+        request = (fid, scope)
+        if not nvml_errors.entry_ok(code):  # the value is undefined
+            out.failed.add(request)
             continue
-        out[request] = value
-        out.bits[request] = width(int(entry.valueType), value)
+        value = raw_value(value_type, raw)
+        if value is not None:
+            out[request] = value
+            out.bits[request] = width(value_type, value)
     return out
 
 
+def raw_value(value_type: int, raw: bytes) -> float | int | None:
+    """An nvmlValue_t (its 8 bytes as the driver wrote them) by its nvmlValueType_t (field
+    values, sample buffers). A DOUBLE whose upper 32 bits are 0 is an integer the driver
+    mislabelled (r545 wrote memory temperature as uiVal but said DOUBLE, nvbug 4300930): as a
+    double it would be a denormal, never a real reading. Non-finite doubles and all-ones
+    sentinels are None."""
+    unpack = _RAW.get(value_type)
+    if unpack is None:
+        return None
+    number = unpack.unpack_from(raw)[0]
+    if value_type == _DOUBLE:
+        if number >> 32 == 0:  # the mislabelled uiVal
+            return number
+        double = _AS_DOUBLE.unpack(raw)[0]
+        return double if math.isfinite(double) else None
+    if number == _SENTINELS.get(value_type):  # all ones: "not available"
+        return None
+    return number
+
+
 def width(value_type: int, value: float | int) -> int | None:
-    """The width of an entry's value; a DOUBLE that union_value read as an integer is the
+    """The width of an entry's value; a DOUBLE that raw_value read as an integer is the
     mislabelled uiVal (32 bits)."""
     if value_type == _DOUBLE:
         return 32 if isinstance(value, int) else None

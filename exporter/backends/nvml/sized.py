@@ -12,7 +12,8 @@ One hint per (device key, query): written only by that device's worker, one job 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable
+import struct
+from typing import Any, Callable, NamedTuple
 
 import pynvml
 
@@ -43,25 +44,46 @@ class Hints:
             self._sizes.pop(known, None)
 
 
-def samples(hints: Hints, key: str, handle: Any, sampling_type: int, last_seen: int) -> tuple[int, list[Any]]:
-    """nvmlDeviceGetSamples: (value type, entries newer than last_seen)."""
+# nvmlSample_t: unsigned long long timeStamp, then the 8 bytes of an nvmlValue_t
+_SAMPLE = struct.Struct("<Q8s")
+
+
+def samples(hints: Hints, key: str, handle: Any, sampling_type: int, last_seen: int) -> tuple[int, list[tuple[int, bytes]]]:
+    """nvmlDeviceGetSamples: (value type, [(timestamp µs, the value's 8 bytes)] newer than
+    last_seen; fields.raw_value decodes a value by the type). Read from one copy of the
+    buffer, not entry by entry through pynvml's structs (their attribute access is Python)."""
     what = f"samples.{sampling_type}"
     room = hints.room(key, what)
     if room:
         fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
-        value_type = pynvml._nvmlValueType_t()
+        value_type = ctypes.c_uint()  # nvmlValueType_t
         count = ctypes.c_uint(room)
-        buf = (pynvml.c_nvmlSample_t * room)()
-        ret = fn(handle, pynvml._nvmlSamplingType_t(sampling_type), ctypes.c_ulonglong(last_seen),
+        buf = ctypes.create_string_buffer(room * _SAMPLE.size)
+        ret = fn(handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen),
                  ctypes.byref(value_type), ctypes.byref(count), buf)
         if ret != _INSUFFICIENT:
             pynvml._nvmlCheckReturn(ret)
-            entries = buf[: count.value]
+            entries = list(_SAMPLE.iter_unpack(buf.raw[: min(count.value, room) * _SAMPLE.size]))
             hints.saw(key, what, len(entries))
             return int(value_type.value), entries
-    answer_type, entries = pynvml.nvmlDeviceGetSamples(handle, sampling_type, last_seen)
+    answer_type, answer = pynvml.nvmlDeviceGetSamples(handle, sampling_type, last_seen)
+    entries = [(int(e.timeStamp), bytes(e.sampleValue)) for e in answer]
     hints.saw(key, what, len(entries))
-    return int(answer_type), list(entries)
+    return int(answer_type), entries
+
+
+# nvmlProcessInfo_v2_t (and _v3, the same layout): pid, padding, usedGpuMemory,
+# gpuInstanceId, computeInstanceId
+_PROCESS = struct.Struct("<I4xQII")
+_MEMORY_NA = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+
+
+class ProcessEntry(NamedTuple):
+    """What the backend reads of a process-list entry (pynvml's own objects have the same
+    two attributes): usedGpuMemory None where the driver does not report it."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815 - pynvml's name, so either answer reads alike
 
 
 def process_list(hints: Hints, symbol: str, fallback: Callable[[Any], Any], key: str, handle: Any) -> list[Any]:
@@ -71,20 +93,14 @@ def process_list(hints: Hints, symbol: str, fallback: Callable[[Any], Any], key:
     if room:
         fn = pynvml._nvmlGetFunctionPointer(symbol)
         count = ctypes.c_uint(room)
-        buf = (pynvml.c_nvmlProcessInfo_v2_t * room)()  # _v3 has the same layout in pynvml
+        buf = ctypes.create_string_buffer(room * _PROCESS.size)
         ret = fn(handle, ctypes.byref(count), buf)
         if ret != _INSUFFICIENT:
             pynvml._nvmlCheckReturn(ret)
-            procs = [_friendly(buf[i]) for i in range(count.value)]
+            procs = [ProcessEntry(pid, None if used == _MEMORY_NA else used)
+                     for pid, used, _, _ in _PROCESS.iter_unpack(buf.raw[: min(count.value, room) * _PROCESS.size])]
             hints.saw(key, symbol, len(procs))
             return procs
-    procs = list(fallback(handle))
+    procs = list(fallback(handle))  # pynvml's objects: usedGpuMemory already None when not reported
     hints.saw(key, symbol, len(procs))
     return procs
-
-
-def _friendly(entry: Any) -> Any:
-    obj = pynvml.nvmlStructToFriendlyObject(entry)
-    if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
-        obj.usedGpuMemory = None  # as pynvml's wrapper: memory not reported
-    return obj
