@@ -5,8 +5,9 @@ the CPU time of all threads (time.process_time) beside the wall time. Nothing is
     python benchmarks/cold_parts.py               # 8 and 64 GPUs, 100 repetitions each
     python benchmarks/cold_parts.py --gpus 8 --repeat 20
 
-Parts: the GPU refresh on the per-GPU workers (what a scrape runs), the same GPUs read one
-after another on this thread (what the workers cost when the driver answers at once), the
+Parts: the GPU refresh on the GPU reader threads (what a scrape runs), the same GPUs read one
+after another on this thread (what the hand-off to the readers costs when the driver
+answers at once), the
 host read, the families, the direct renderer and prometheus_client's generate_latest on the
 same families (docs/performance.md, "Where a cold scrape goes").
 """
@@ -60,8 +61,8 @@ def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]
             raise SystemExit(f"cold_parts: no GPU read completed in 30 s ({count} GPUs)")
         time.sleep(0.01)
     try:
-        rows.append(("GPU refresh on the per-GPU workers", *timed(repeat, lambda: monitor.snapshot(None))))
-        backend = monitor._backend  # noqa: SLF001 - the benchmark reads the same GPUs without the workers
+        rows.append(("GPU refresh on the reader threads", *timed(repeat, lambda: monitor.snapshot(None))))
+        backend = monitor._backend  # noqa: SLF001 - the benchmark reads the same GPUs without the readers
         rows.append(("the same GPUs one after another, this thread",
                      *timed(repeat, lambda: [backend._read_one(i) for i in range(count)])))  # noqa: SLF001
         host = HostReader()

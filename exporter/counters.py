@@ -77,20 +77,27 @@ class Monotonic:
     def _sample(self, s: GpuSample) -> GpuSample:
         ident = s.identity
         device = ident.uuid or ident.pci_bus_id or f"#index-{ident.index}"
-        changes: dict[str, object] = {
-            "busy_seconds": self._pairs((device, "busy"), s.busy_seconds),
-            "clock_event_seconds": self._pairs((device, "clock_event"), s.clock_event_seconds),
-            "pcie_bytes": self._pairs((device, "pcie_bytes"), s.pcie_bytes),
-        }
-        if s.energy_joules is not None:
-            changes["energy_joules"] = self._value((device, "energy"), s.energy_joules)
-        if s.pcie_replays is not None:
-            changes["pcie_replays"] = self._value((device, "pcie_replays"), s.pcie_replays)
+        changes: dict[str, object] = {}  # only what an offset changed: most refreshes copy nothing
+        for name, family in (("busy_seconds", "busy"), ("clock_event_seconds", "clock_event"), ("pcie_bytes", "pcie_bytes")):
+            values = getattr(s, name)
+            served = self._pairs((device, family), values)
+            if served is not values:
+                changes[name] = served
+        for name, family in (("energy_joules", "energy"), ("pcie_replays", "pcie_replays")):
+            raw = getattr(s, name)
+            if raw is not None:
+                value = self._value((device, family), raw)
+                if value != raw:
+                    changes[name] = value
         if s.health is not None and s.health.ecc_errors:
-            changes["health"] = self._health(device, s.health)
+            health = self._health(device, s.health)
+            if health is not s.health:
+                changes["health"] = health
         if s.nvlinks:
-            changes["nvlinks"] = tuple(self._link(device, link) for link in s.nvlinks)
-        return dataclasses.replace(s, **changes)  # type: ignore[arg-type]
+            links = tuple(self._link(device, link) for link in s.nvlinks)
+            if any(new is not old for new, old in zip(links, s.nvlinks)):
+                changes["nvlinks"] = links
+        return dataclasses.replace(s, **changes) if changes else s  # type: ignore[arg-type]
 
     def _health(self, device: str, health: GpuHealth) -> GpuHealth:
         errors = tuple(

@@ -59,7 +59,7 @@ def test_cold_parts_prints_every_part():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 4 and cells[0] == "2":
             rows[cells[1]] = cells[2]
-    assert set(rows) == {"GPU refresh on the per-GPU workers", "the same GPUs one after another, this thread", "host read",
+    assert set(rows) == {"GPU refresh on the reader threads", "the same GPUs one after another, this thread", "host read",
                          "families", "direct renderer", "prometheus_client generate_latest", "samples rendered"}
     # two fake GPUs read for real: their families render to a few dozen samples
     assert int(rows["samples rendered"]) > 40

@@ -664,6 +664,7 @@ class NvmlBackend:
         does not return within the limit (or is still running from an earlier refresh) is down
         alone, watched by its last handle; the first error of any device is raised once all
         have answered (a defect before a library-level error)."""
+        self._readers.ensure(count)  # before the deadline is set: the first refresh makes them
         now = time.monotonic()
         until = now + self._device_limit
         jobs = []
@@ -994,7 +995,8 @@ class NvmlBackend:
         memory_temperature = nvml_fields.in_range(fields.get((nvml_fields.MEMORY_TEMP, 0)), 1, 200)
         out: dict[str, Any] = {}
         if self._options.health and part.health is not None:
-            out["health"] = dataclasses.replace(part.health, recovery_action=self._health.recovery_action(fields))
+            action = self._health.recovery_action(fields)  # per refresh, on the slow part's health
+            out["health"] = part.health if action == part.health.recovery_action else dataclasses.replace(part.health, recovery_action=action)
         if links:
             out["nvlinks"] = self._health.link_traffic(part.links, links, fields)
         if self._gpm is not None and wanted.gpm:

@@ -173,6 +173,17 @@ def _classified(absent: frozenset[int], exc: Exception) -> None:
     raise DeviceDown(None, f"{exc.__class__.__name__}: {exc}") from None
 
 
+# A sample-buffer query's "nothing newer than the timestamp you gave": an empty answer.
+_NOTHING_NEWER = pynvml.NVML_ERROR_NOT_FOUND
+
+
+def nothing_newer(code: int) -> bool:
+    """For the raw return of a sample-buffer query read without pynvml's wrapper (sized.py):
+    an empty answer, not a failure (no exception raised and caught on every refresh that
+    finds no new sample)."""
+    return code == _NOTHING_NEWER
+
+
 def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:
     """A query of the driver's sample buffers (nvmlDeviceGetSamples,
     nvmlDeviceGetProcessUtilization): NOT_FOUND means "nothing newer than the timestamp you
@@ -184,7 +195,7 @@ def newer(fn: Callable[..., T], *args: Any) -> T | tuple[()] | None:
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
-            if exc.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+            if nothing_newer(exc.value) or exc.value == pynvml.NVML_SUCCESS:
                 return ()
             raise
 

@@ -17,6 +17,8 @@ from typing import Any, Callable, NamedTuple
 
 import pynvml
 
+from . import errors as nvml_errors
+
 _INSUFFICIENT = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _MIN_ROOM = 8  # entries a buffer has at least (a process list that grows by a few still fits)
 
@@ -61,6 +63,8 @@ def samples(hints: Hints, key: str, handle: Any, sampling_type: int, last_seen: 
         buf = ctypes.create_string_buffer(room * _SAMPLE.size)
         ret = fn(handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen),
                  ctypes.byref(value_type), ctypes.byref(count), buf)
+        if nvml_errors.nothing_newer(ret):
+            return int(value_type.value), []
         if ret != _INSUFFICIENT:
             pynvml._nvmlCheckReturn(ret)
             entries = list(_SAMPLE.iter_unpack(buf.raw[: min(count.value, room) * _SAMPLE.size]))

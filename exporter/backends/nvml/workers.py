@@ -89,13 +89,14 @@ class _Reader:
     def __init__(self, readers: Readers, number: int) -> None:
         self._readers = readers
         self.chain: Chain | None = None
+        self.first = 0  # the job of the chain taken for this reader when it was lent
         self._gate = threading.Lock()  # released to lend a chain (or to stop): held while idle
         self._gate.acquire()
         self.thread = threading.Thread(target=self._run, name=f"resmon-gpu-read-{number}", daemon=True)
         self.thread.start()
 
-    def lend(self, chain: Chain | None) -> None:
-        self.chain = chain
+    def lend(self, chain: Chain | None, first: int = 0) -> None:
+        self.chain, self.first = chain, first
         self._gate.release()
 
     def _run(self) -> None:
@@ -105,7 +106,7 @@ class _Reader:
             chain = self.chain
             if chain is None:
                 break  # stopped while idle
-            readers.work(chain)
+            readers.work(chain, self.first)
             if not readers.idle(self):
                 break  # stopping
         readers.exited(self)
@@ -120,8 +121,22 @@ class Readers:
         self._all: list[_Reader] = []
         self._made = 0
         self._running = 0  # reads in flight, every chain
+        self._keep = 0  # readers kept (idle or not): one per GPU, ensure()
         self._stopping = False
         self._on_exit: Callable[[], None] | None = None
+
+    def ensure(self, count: int) -> None:
+        """Keep one reader per GPU, made now (idle ones cost nothing): the number of threads
+        does not change with the load (a chain lent a reader when its front stalled), only
+        while a GPU hangs (its reader is held; one made in its place ends once the hung read
+        returns)."""
+        with self._cond:
+            self._keep = count
+            while len(self._all) < count and not self._stopping:
+                self._made += 1
+                reader = _Reader(self, self._made)
+                self._all.append(reader)
+                self._idle.append(reader)
 
     def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False) -> Chain:
         """Read the jobs (a slot still busy from an earlier refresh is passed over), none
@@ -164,12 +179,10 @@ class Readers:
 
     @staticmethod
     def _front_waits(chain: Chain) -> bool:
-        """The read taken last is inside an NVML call for RELAY_SECONDS or more (or no read
-        started yet: its reader is not running, not knowable why, so yes)."""
+        """The read taken last is inside an NVML call for RELAY_SECONDS or more (a reader
+        not yet running is waited for up to STALL_SECONDS)."""
         slot = chain.last
-        if slot is None:
-            return True
-        since = slot.call_since
+        since = slot.call_since if slot is not None else None
         return since is not None and time.perf_counter() - since >= RELAY_SECONDS
 
     def spread(self, chain: Chain) -> None:
@@ -181,9 +194,15 @@ class Readers:
             self._lend(chain, chain.left())
 
     def _lend(self, chain: Chain, n: int) -> None:
-        """Lend the chain up to n more readers (under the lock)."""
-        for _ in range(min(n, chain.left())):
-            if self._stopping or chain.closed:
+        """Lend the chain up to n more readers, each with the next job taken for it (under
+        the lock): a lent reader always has a read to start, which counts as started."""
+        for _ in range(n):
+            if self._stopping:
+                return
+            i = self._take(chain)
+            if i is None:
+                if chain.running == 0:
+                    chain.finished.set()
                 return
             if self._idle:
                 reader = self._idle.pop()
@@ -191,29 +210,31 @@ class Readers:
                 self._made += 1
                 reader = _Reader(self, self._made)
                 self._all.append(reader)
-            reader.lend(chain)
+            reader.lend(chain, i)
 
-    def work(self, chain: Chain) -> None:
-        """On a reader: take the chain's jobs in order until none is left."""
-        while True:
-            with self._cond:
-                while not (chain.closed or self._stopping) and chain.next < len(chain.jobs):
-                    i = chain.next
-                    chain.next += 1
-                    slot, job = chain.jobs[i]
-                    if slot.busy:  # still in flight from an earlier refresh
-                        continue
-                    slot.inflight_since = time.monotonic()
-                    chain.started[i] = True
-                    chain.running += 1
-                    chain.progress += 1
-                    chain.last = slot
-                    self._running += 1
-                    break
-                else:
-                    if chain.running == 0:
-                        chain.finished.set()
-                    return
+    def _take(self, chain: Chain) -> int | None:
+        """The next job of the chain to start, marked in flight (under the lock); None when
+        none is left or the chain is closed. A slot still busy from an earlier refresh is
+        passed over."""
+        while not (chain.closed or self._stopping) and chain.next < len(chain.jobs):
+            i = chain.next
+            chain.next += 1
+            slot = chain.jobs[i][0]
+            if slot.busy:
+                continue
+            slot.inflight_since = time.monotonic()
+            chain.started[i] = True
+            chain.running += 1
+            chain.progress += 1
+            chain.last = slot
+            self._running += 1
+            return i
+        return None
+
+    def work(self, chain: Chain, i: int | None) -> None:
+        """On a reader: run job i of the chain, then take the next ones until none is left."""
+        while i is not None:
+            slot, job = chain.jobs[i]
             nvml_errors.tell_when_blocking(None if chain.at_once else _Probe(self, chain), slot)
             result: Any = None
             error: BaseException | None = None
@@ -228,6 +249,9 @@ class Readers:
                 chain.running -= 1
                 chain.progress += 1
                 self._running -= 1
+                i = self._take(chain)
+                if i is None and chain.running == 0:
+                    chain.finished.set()
                 self._cond.notify_all()  # wait_idle()
 
     def idle(self, reader: _Reader) -> bool:
@@ -235,6 +259,9 @@ class Readers:
         with self._cond:
             reader.chain = None
             if self._stopping:
+                return False
+            if self._keep and len(self._all) > self._keep:
+                self._all.remove(reader)  # one more than the GPUs (made while one hung): it ends
                 return False
             self._idle.append(reader)
             return True
