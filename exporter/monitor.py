@@ -363,7 +363,7 @@ class ResourceMonitor:
         """A new snapshot, and whether it may be cached for other callers."""
         reader = self._reader
         # The host first (0.2-0.3 ms): a GPU read starting meanwhile would share the GIL with
-        # it, and its first calls would look blocked on the driver (backends/nvml/workers.py' relay probe).
+        # it, and its first calls would look blocked on the driver (backends/nvml/workers.py's probe).
         host, host_status = self._read_host()
         target = reader.ensure(started, self._ttl) if reader is not None else 0
         gpu: GpuReading | None = None

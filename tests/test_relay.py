@@ -6,6 +6,7 @@ real exporter; the order of calls, not their timing, is asserted."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +91,7 @@ def chain_jobs(n: int, hang_first: bool = False) -> Iterator[tuple[Readers, list
     gate = threading.Event()
     log: list[tuple[int, str]] = []
     readers = Readers()
+    readers.ensure(n)  # as the backend does: one reader per GPU
     slots = [GpuSlot(i) for i in range(n)]
 
     def job(i: int):
@@ -119,14 +121,14 @@ def test_a_chain_reads_the_gpus_in_order_on_one_thread(monkeypatch):
         assert readers.outcome(chain) == [(True, True, i, None) for i in range(8)]
         assert [i for i, _ in log] == list(range(8))
         assert len({name for _, name in log}) == 1  # no hand-off between threads
-        assert readers.threads == 1
-        chain = readers.run(jobs, time.monotonic() + 30)  # the next refresh reuses the idle reader
+        assert readers.threads == 8
+        chain = readers.run(jobs, time.monotonic() + 30)  # the next refresh: the same readers
         assert readers.outcome(chain)[7] == (True, True, 7, None)
-        assert readers.threads == 1
+        assert readers.threads == 8
 
 
 def test_a_read_that_holds_the_chain_is_passed_and_a_busy_gpu_skipped():
-    with chain_jobs(4, hang_first=True) as (readers, jobs, log, _):
+    with chain_jobs(4, hang_first=True) as (readers, jobs, log, gate):
         busy = threading.Event()
         other = readers.run([(jobs[2][0], lambda: busy.wait(10))], time.monotonic() + 0.2)  # still busy from an earlier refresh
         assert readers.outcome(other) == [(True, False, None, None)]
@@ -140,7 +142,18 @@ def test_a_read_that_holds_the_chain_is_passed_and_a_busy_gpu_skipped():
         finally:
             busy.set()
         assert readers.wait_idle(time.monotonic() + 0.5) is False  # GPU 0's read is still running
-        assert readers.threads <= 4  # a reader per read that held the chain, no more
+        readers.ensure(4)  # the next refresh: the hung read's reader beside four idle ones
+        assert readers.threads == 5
+        for _ in range(3):  # no thread made or ended per refresh while it hangs
+            readers.run(jobs[1:], time.monotonic() + 3)
+            readers.ensure(4)
+        assert readers.threads == 5
+        gate.set()  # the hung read returns
+        assert readers.wait_idle(time.monotonic() + 5)
+        deadline = time.monotonic() + 5
+        while readers.threads != 4 and time.monotonic() < deadline:  # its reader ends: one per GPU again
+            time.sleep(0.01)
+        assert readers.threads == 4
 
 
 def test_no_read_starts_after_the_deadline():
@@ -151,6 +164,40 @@ def test_no_read_starts_after_the_deadline():
         assert readers.wait_idle(time.monotonic() + 5)
         time.sleep(0.05)
         assert [i for i, _ in log] == [0]  # the first read always starts; its late return started nothing
+
+
+def test_a_read_that_returns_after_the_deadline_starts_no_other(monkeypatch):
+    # the read holds the GIL past the deadline, so the refresh cannot close the chain before
+    # the read returns: its reader must see the deadline itself
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 10.0)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        with chain_jobs(3) as (readers, jobs, log, _):
+            def spin() -> int:
+                log.append((0, threading.current_thread().name))
+                end = time.monotonic() + 0.2
+                while time.monotonic() < end:
+                    pass
+                return 0
+
+            chain = readers.run([(jobs[0][0], spin), *jobs[1:]], time.monotonic() + 0.05)
+            assert readers.wait_idle(time.monotonic() + 5)
+            assert [i for i, _ in log] == [0]
+            assert [started for started, *_ in readers.outcome(chain)] == [True, False, False]
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_the_refresh_waits_without_polling_once_every_read_started(monkeypatch):
+    lends = []
+    lend = Readers._lend
+    monkeypatch.setattr(Readers, "_lend", lambda self, chain, n: (lends.append(n), lend(self, chain, n)))
+    with chain_jobs(2, hang_first=True) as (readers, jobs, log, gate):
+        threading.Timer(0.3, gate.set).start()
+        chain = readers.run(jobs[:1], time.monotonic() + 5)  # one GPU, hung for 0.3 s
+        assert readers.outcome(chain) == [(True, True, 0, None)]
+        assert lends == [1]  # not one try per millisecond while the hung read holds the only job
 
 
 def test_a_probe_that_blocks_gives_every_gpu_left_a_reader():

@@ -292,7 +292,7 @@ class NvmlBackend:
         # the worker thread's own job: its (uuid, handle) and part seconds, returned with its result
         self._job = threading.local()
         self._gpm = GpmReader(log) if self._options.profiling else None
-        self._part_seconds = dict.fromkeys(_PARTS, 0.0)  # summed over the GPUs' parallel workers
+        self._part_seconds = dict.fromkeys(_PARTS, 0.0)  # summed over the GPUs' reads
         self._has_links = False  # a device with NVLinks was seen: the nvlink collector is active
         self._xid_ever_watched = False  # the xid collector has been active (some GPU registered)
         self._closing = False
@@ -659,8 +659,8 @@ class NvmlBackend:
             return list(self._identities.values())
 
     def _read_devices(self, count: int) -> tuple[list[tuple[str, GpuSample]], dict[str, Any], dict[str, float]]:
-        """Every device on its own worker, in parallel: the samples, the devices to watch for
-        XIDs (uuid -> handle) and the part seconds summed over the workers. A device whose read
+        """Every device read on the GPU readers (workers.py): the samples, the devices to watch for
+        XIDs (uuid -> handle) and the part seconds summed over the reads. A device whose read
         does not return within the limit (or is still running from an earlier refresh) is down
         alone, watched by its last handle; the first error of any device is raised once all
         have answered (a defect before a library-level error)."""
@@ -685,7 +685,7 @@ class NvmlBackend:
         self._any_stuck = False
         for i, (submitted, done, result, err) in enumerate(self._readers.outcome(chain)):
             if not done:
-                # neither submitted nor in flight: the refresh's deadline passed before the relay reached it
+                # neither started nor in flight: the refresh's deadline passed before its turn
                 out.append(self._stuck_device(i, started=submitted or in_flight[i]))
                 if i in self._last_watched:
                     uuid, handle = self._last_watched[i]

@@ -92,14 +92,14 @@ def describe(exc: BaseException) -> str:
 
 
 # A call that takes longer than this waited on the driver, or ran one of the binding's
-# heavier wrappers (process lists, field values: 50-100 us of Python): the GPU workers'
-# relay probe counts such calls (workers.py).
+# heavier wrappers (process lists, field values: 50-100 us of Python): a GPU reader's
+# probe counts such calls (workers.py).
 BLOCKING_SECONDS = 40e-6
 
 
 class _Blocking(threading.local):
-    """Per thread: whom to tell that an NVML call took long (a GPU worker's relay probe);
-    a thread that never asks (the reader, the XID watcher) is told nothing and not timed."""
+    """Per thread: whom to tell that an NVML call took long (a GPU reader's probe);
+    a thread that never asks (the monitor's reader, the XID watcher) is told nothing and not timed."""
 
     notify: Callable[[float], None] | None = None
     calling: Any = None  # an object whose call_since is set while this thread is inside an NVML call

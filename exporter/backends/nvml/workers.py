@@ -54,8 +54,9 @@ class Chain:
     """One refresh's reads, taken in order by the readers lent to it. Changed under the
     Readers' lock."""
 
-    def __init__(self, jobs: Sequence[tuple[GpuSlot, Job]], at_once: bool) -> None:
+    def __init__(self, jobs: Sequence[tuple[GpuSlot, Job]], at_once: bool, until: float = float("inf")) -> None:
         self.jobs = tuple(jobs)
+        self.until = until  # monotonic: no job but the first starts at or after it
         self.next = 0  # the next job to take
         self.running = 0  # taken, not returned
         self.progress = 0  # takes and returns so far: the refresh watches it move
@@ -106,9 +107,8 @@ class _Reader:
             chain = self.chain
             if chain is None:
                 break  # stopped while idle
-            readers.work(chain, self.first)
-            if not readers.idle(self):
-                break  # stopping
+            if not readers.work(chain, self.first, self):
+                break  # stopping, or one reader more than the GPUs
         readers.exited(self)
 
 
@@ -126,23 +126,33 @@ class Readers:
         self._on_exit: Callable[[], None] | None = None
 
     def ensure(self, count: int) -> None:
-        """Keep one reader per GPU, made now (idle ones cost nothing): the number of threads
-        does not change with the load (a chain lent a reader when its front stalled), only
-        while a GPU hangs (its reader is held; one made in its place ends once the hung read
-        returns)."""
+        """Keep one idle reader per GPU between refreshes, made now (idle ones cost nothing):
+        the number of threads does not change with the load (a chain lent a reader when its
+        front stalled), only while a read hangs (its reader is held beside them, and ends
+        when the read returns to a full pool)."""
         with self._cond:
             self._keep = count
-            while len(self._all) < count and not self._stopping:
-                self._made += 1
-                reader = _Reader(self, self._made)
-                self._all.append(reader)
-                self._idle.append(reader)
+            while len(self._idle) < count and not self._stopping:
+                if not self._make():
+                    break
+
+    def _make(self) -> bool:
+        """One more idle reader (under the lock); False where no thread can be started (the
+        chains go on with the readers there are)."""
+        try:
+            reader = _Reader(self, self._made + 1)
+        except RuntimeError:  # can't start new thread
+            return False
+        self._made += 1
+        self._all.append(reader)
+        self._idle.append(reader)
+        return True
 
     def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False) -> Chain:
         """Read the jobs (a slot still busy from an earlier refresh is passed over), none
         started after the monotonic time until; returns once every started read returned or
         at until (the reads still running are the refresh's stuck GPUs)."""
-        chain = Chain(jobs, at_once)
+        chain = Chain(jobs, at_once, until)
         with self._cond:
             if self._stopping or not chain.jobs:
                 chain.closed = True
@@ -157,6 +167,9 @@ class Readers:
                 with self._cond:
                     chain.closed = True  # a late return starts nothing
                 break
+            if chain.next >= len(chain.jobs):  # every job taken: nothing left to lend
+                chain.finished.wait(until - now)
+                continue
             wait = min(RELAY_SECONDS, until - now)
             # no progress for a whole RELAY_SECONDS, and the read in front inside one NVML call
             # that long: it waits on the driver (hung or slow). A read running Python on a busy
@@ -187,6 +200,8 @@ class Readers:
 
     def spread(self, chain: Chain) -> None:
         """A probe found the driver blocking: every job left gets a reader of its own."""
+        if chain.at_once:  # told already (each long call of every read tells)
+            return
         with self._cond:
             if chain.at_once:
                 return
@@ -197,26 +212,23 @@ class Readers:
         """Lend the chain up to n more readers, each with the next job taken for it (under
         the lock): a lent reader always has a read to start, which counts as started."""
         for _ in range(n):
-            if self._stopping:
+            if self._stopping or (not self._idle and not self._make()):
                 return
             i = self._take(chain)
             if i is None:
                 if chain.running == 0:
                     chain.finished.set()
                 return
-            if self._idle:
-                reader = self._idle.pop()
-            else:
-                self._made += 1
-                reader = _Reader(self, self._made)
-                self._all.append(reader)
-            reader.lend(chain, i)
+            self._idle.pop().lend(chain, i)
 
     def _take(self, chain: Chain) -> int | None:
         """The next job of the chain to start, marked in flight (under the lock); None when
         none is left or the chain is closed. A slot still busy from an earlier refresh is
         passed over."""
         while not (chain.closed or self._stopping) and chain.next < len(chain.jobs):
+            if chain.next and time.monotonic() >= chain.until:  # a reader that returned late
+                chain.closed = True
+                break
             i = chain.next
             chain.next += 1
             slot = chain.jobs[i][0]
@@ -231,9 +243,11 @@ class Readers:
             return i
         return None
 
-    def work(self, chain: Chain, i: int | None) -> None:
-        """On a reader: run job i of the chain, then take the next ones until none is left."""
-        while i is not None:
+    def work(self, chain: Chain, first: int, reader: _Reader) -> bool:
+        """On a reader: run job first of the chain, then take the next ones until none is
+        left; then back to the idle readers (False: stopping, or the pool is full: it ends)."""
+        i = first
+        while True:
             slot, job = chain.jobs[i]
             nvml_errors.tell_when_blocking(None if chain.at_once else _Probe(self, chain), slot)
             result: Any = None
@@ -249,22 +263,26 @@ class Readers:
                 chain.running -= 1
                 chain.progress += 1
                 self._running -= 1
-                i = self._take(chain)
-                if i is None and chain.running == 0:
+                taken = self._take(chain)
+                if taken is None and chain.running == 0:
                     chain.finished.set()
                 self._cond.notify_all()  # wait_idle()
+                if taken is None:
+                    return self._rest(reader)
+            i = taken
 
-    def idle(self, reader: _Reader) -> bool:
-        """A reader is done with its chain: back to the idle ones (False: stopping, it ends)."""
-        with self._cond:
-            reader.chain = None
-            if self._stopping:
-                return False
-            if self._keep and len(self._all) > self._keep:
-                self._all.remove(reader)  # one more than the GPUs (made while one hung): it ends
-                return False
-            self._idle.append(reader)
-            return True
+    def _rest(self, reader: _Reader) -> bool:
+        """Under the lock: reader is done with its chain. Idle again, unless stopping or the
+        pool already has one idle reader per GPU (then it ends)."""
+        reader.chain = None
+        if self._stopping:
+            return False
+        if len(self._idle) >= self._keep:
+            if reader in self._all:
+                self._all.remove(reader)
+            return False
+        self._idle.append(reader)
+        return True
 
     def exited(self, reader: _Reader) -> None:
         with self._cond:
