@@ -7,7 +7,7 @@ Idle readers block on a lock: no wakeups.
 
 How a refresh reads its GPUs (Readers.run, a Chain): with a driver that answers at once,
 every hand-off between threads costs more than a GPU's calls (a thread switch per GPU was a
-third of a refresh's CPU; with a thread per GPU all started together, every ctypes call was
+quarter of a refresh's CPU; with a thread per GPU all started together, every ctypes call was
 one: 3-4x). So one reader thread takes the GPUs one after another, in order. The refresh
 lends the chain another reader when the read in front has made no progress for
 RELAY_SECONDS while inside one NVML call (hung or long), or for STALL_SECONDS in all; the new
