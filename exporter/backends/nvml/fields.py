@@ -114,26 +114,16 @@ _ENTRY = struct.Struct("<IIqqII8s")
 _RAW = {0: struct.Struct("<Q"), 1: struct.Struct("<I"), 2: struct.Struct("<Q"), 3: struct.Struct("<Q"),
         4: struct.Struct("<q"), 5: struct.Struct("<i"), 6: struct.Struct("<H")}
 _AS_DOUBLE = struct.Struct("<d")
-# the request arrays already built, by their requests (a GPU asks the same few every refresh);
-# bytes are immutable, so the workers share them without a lock
-_templates: dict[tuple[Request, ...], bytes] = {}
-_TEMPLATES_MAX = 256
+_REQUEST = struct.Struct("<II32x")  # an entry with only fieldId and scopeId set
 
 
 def get_field_values(handle: Any, requests: list[Request]) -> Any:
     """nvmlDeviceGetFieldValues for [(field id, scope id)]: the filled array (errors raised as
-    pynvml's NVMLError, for errors.py)."""
+    pynvml's NVMLError, for errors.py). The request array is packed in one go, not set
+    entry by entry through ctypes attributes."""
     fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    key = tuple(requests)
-    template = _templates.get(key)
-    if template is None:
-        built = (_Entry * len(requests))()
-        for entry, (fid, scope) in zip(built, requests):
-            entry.fieldId, entry.scopeId = fid, scope
-        template = bytes(built)
-        if len(_templates) < _TEMPLATES_MAX:
-            _templates[key] = template
-    entries = (_Entry * len(requests)).from_buffer_copy(template)
+    packed = b"".join([_REQUEST.pack(fid, scope) for fid, scope in requests])
+    entries = (_Entry * len(requests)).from_buffer_copy(packed)
     pynvml._nvmlCheckReturn(fn(handle, ctypes.c_int(len(requests)), entries))
     return entries
 

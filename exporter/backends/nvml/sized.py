@@ -6,7 +6,8 @@ answer was and passes a buffer with room to spare, so the steady state is one ca
 answer that does not fit (INSUFFICIENT_SIZE) falls back to pynvml's two-call protocol once,
 and the buffer grows. Errors are raised as pynvml's NVMLError, for errors.py to classify.
 
-One hint per (device key, query): written only by that device's worker, one job at a time.
+One hint per (device key, query): written only by that device's read, one at a time
+(workers.py: a GPU is never read twice at once).
 """
 
 from __future__ import annotations
