@@ -123,6 +123,7 @@ class Readers:
         self._running = 0  # reads in flight, every chain
         self._keep = 0  # readers kept (idle or not): one per GPU, ensure()
         self._stopping = False
+        self._ending: list[_Reader] = []  # the readers at stop(): join() waits for them all
         self._on_exit: Callable[[], None] | None = None
 
     def ensure(self, count: int) -> None:
@@ -308,6 +309,7 @@ class Readers:
         with self._cond:
             self._stopping = True
             self._on_exit = on_exit
+            self._ending = list(self._all)  # each leaves _all on its way out, before on_exit
             idle, self._idle = self._idle, []
         for reader in idle:
             reader.lend(None)
@@ -315,7 +317,7 @@ class Readers:
     def join(self, timeout: float) -> None:
         until = time.monotonic() + timeout
         with self._cond:
-            readers = list(self._all)
+            readers = list(self._ending) if self._stopping else list(self._all)
         for reader in readers:
             reader.thread.join(max(0.0, until - time.monotonic()))
 
