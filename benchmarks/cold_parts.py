@@ -10,6 +10,16 @@ after another on this thread (what the hand-off to the readers costs when the dr
 answers at once), the
 host read, the families, the direct renderer and prometheus_client's generate_latest on the
 same families (docs/performance.md, "Where a cold scrape goes").
+
+Then the floor under a cold scrape of this design (docs/performance.md, "The floor under a
+cold scrape"): the refresh's NVML calls made bare (one call through its ctypes pointer with
+its arguments built once, times CALLS_PER_GPU per GPU), the HTTP round trip alone (the CLI's
+/-/ready on a kept-alive loopback connection, as benchmarks/run.py scrapes) and their sum
+with the host read, the families and the direct renderer: what a cold scrape costs with no
+Python of the exporter's own around any NVML call.
+
+The fake is loaded without its call trace here: writing the trace is a system call per NVML
+call, which the CLI benchmarks (benchmarks/run.py) do not pay either.
 """
 
 from __future__ import annotations
@@ -27,8 +37,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-from fakenvml import Scenario, build_fake, load_in_process  # noqa: E402  (the test rig's builder)
-from run import machine  # noqa: E402  (the same fake machines as benchmarks/run.py)
+from fakenvml import Scenario, build_fake  # noqa: E402  (the test rig's builder)
+from run import machine, scrape_path_latencies, start_exporter, stop  # noqa: E402  (as benchmarks/run.py runs them)
+
+# NVML calls a steady refresh of the plain machine makes per GPU: benchmarks/run.py measures
+# 15.1-15.5 on the fake's trace ("NVML calls per refresh per GPU, plain")
+CALLS_PER_GPU = 15
 
 
 def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
@@ -75,9 +89,47 @@ def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]
         rows.append(("direct renderer", *timed(repeat, lambda: renderer.text(PinnedExposition(DEFAULT_COLLECTORS, families).collect()))))
         rows.append(("prometheus_client generate_latest", *timed(repeat, lambda: generate_latest(PinnedExposition(DEFAULT_COLLECTORS, families)))))
         rows.append(("samples rendered", float(sum(len(f.samples) for f in families)), 0.0))
+        bare = bare_call_ms(repeat * 100)
+        rows.append(("NVML calls of one refresh, bare", bare * CALLS_PER_GPU * count, bare * CALLS_PER_GPU * count))
     finally:
         monitor.close(drain=5.0)
     return rows
+
+
+def bare_call_ms(n: int) -> float:
+    """Wall ms of one NVML call with no Python around it: nvmlDeviceGetClockInfo through
+    pynvml's ctypes pointer, its arguments built once (the fake answers at once)."""
+    import ctypes
+
+    import pynvml
+
+    fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetClockInfo")  # noqa: SLF001 - the bare call
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    clock, out = ctypes.c_uint(0), ctypes.c_uint()
+    ref = ctypes.byref(out)
+    for _ in range(100):
+        fn(handle, clock, ref)
+    start = time.perf_counter()
+    for _ in range(n):
+        fn(handle, clock, ref)
+    return (time.perf_counter() - start) / n * 1000
+
+
+def http_round_trip_ms(root: Path, lib: Path, repeat: int) -> float:
+    """p50 wall ms of GET /-/ready on the real CLI over a kept-alive loopback connection."""
+    scenario = Scenario(root / "scenario-http.txt", machine(1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESMON_", "FAKE_NVML_"))}
+    env.update(LD_LIBRARY_PATH=str(lib), FAKE_NVML_SCENARIO=str(scenario.path))
+    proc, port, _ = start_exporter(env)
+    try:
+        scrape_path_latencies(port, "/-/ready", 20)
+        latencies = sorted(scrape_path_latencies(port, "/-/ready", max(repeat, 20)))
+    finally:
+        stop(proc)
+    return latencies[len(latencies) // 2]
+
+
+FLOOR_PARTS = ("NVML calls of one refresh, bare", "host read", "families", "direct renderer")
 
 
 def main() -> int:
@@ -86,16 +138,26 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="resmon-cold-parts-"))
-    load_in_process(build_fake(root / "lib"), root / "trace.txt")
+    lib = build_fake(root / "lib")
+    os.environ.pop("FAKE_NVML_TRACE", None)  # untraced (see the module docstring)
+    import ctypes
+
+    # loaded first by full path: pynvml's dlopen("libnvidia-ml.so.1") then finds it (tests/fakenvml.py)
+    ctypes.CDLL(str(lib / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
+    http = http_round_trip_ms(root, lib, args.repeat)
     print(f"cold scrape parts (python {sys.version.split()[0]}; {os.cpu_count()} CPUs; {args.repeat} repetitions)")
     print("| GPUs | part | CPU ms | wall ms |")
     print("|---|---|---|---|")
     for count in args.gpus:
-        for name, cpu, wall in parts(root, count, args.repeat):
+        rows = parts(root, count, args.repeat)
+        for name, cpu, wall in rows:
             if name == "samples rendered":
                 print(f"| {count} | {name} | {cpu:.0f} | |")
             else:
                 print(f"| {count} | {name} | {cpu:.2f} | {wall:.2f} |")
+        print(f"| {count} | HTTP round trip alone (GET /-/ready, kept alive), p50 | | {http:.2f} |")
+        floor = http + sum(wall for name, _, wall in rows if name in FLOOR_PARTS)
+        print(f"| {count} | floor: HTTP + bare calls + host + families + direct renderer | | {floor:.2f} |")
     return 0
 
 

@@ -276,6 +276,22 @@ def scrape_latencies(port: int, n: int, accept: str | None, gz: bool) -> list[fl
     return out
 
 
+def scrape_path_latencies(port: int, path: str, n: int) -> list[float]:
+    """Wall ms of n GETs of path on one kept-alive connection (cold_parts.py: /-/ready, the
+    HTTP round trip without a refresh or a render)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+        out.append((time.perf_counter() - t0) * 1000)
+        assert resp.status == 200 and body
+    conn.close()
+    return out
+
+
 # -- in-process measurements (run in a child with LD_LIBRARY_PATH set) ------------------------
 
 
