@@ -2,14 +2,16 @@
 """Where a cold scrape goes, in process, on the fake NVML: each part timed on its own with
 the CPU time of all threads (time.process_time) beside the wall time. Nothing is asserted.
 
-    python benchmarks/cold_parts.py               # 8 and 64 GPUs, 100 repetitions each
-    python benchmarks/cold_parts.py --gpus 8 --repeat 20
+    python benchmarks/cold_parts.py               # 8 and 64 GPUs, and 8 GPUs x 32 processes
+    python benchmarks/cold_parts.py --gpus 8 --processes 8x4 --repeat 20
 
 Parts: the GPU refresh on the GPU reader threads (what a scrape runs), the same GPUs read one
 after another on this thread (what the hand-off to the readers costs when the driver
 answers at once), the
 host read, the families, the direct renderer and prometheus_client's generate_latest on the
-same families (docs/performance.md, "Where a cold scrape goes").
+same families (docs/performance.md, "Where a cold scrape goes"). With --processes GxP, G
+GPUs with P real processes each (sleep processes this script starts) and the processes
+collector on: the refresh then includes reading procfs and joining the owners.
 
 Then the floor under a cold scrape of this design (docs/performance.md, "The floor under a
 cold scrape"): the refresh's NVML calls made bare (one call through its ctypes pointer with
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +57,9 @@ def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
     return (time.process_time() - cpu) / repeat * 1000, (time.perf_counter() - wall) / repeat * 1000
 
 
-def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]:
+def parts(root: Path, count: int, repeat: int, pids: list[int] | None = None) -> list[tuple[str, float, float]]:
+    """The rows for count GPUs; pids: the processes they share out (the processes collector
+    on), None for none."""
     from prometheus_client.exposition import generate_latest
 
     from resmon_exporter.collectors.registry import ResourceCollector
@@ -63,11 +68,17 @@ def parts(root: Path, count: int, repeat: int) -> list[tuple[str, float, float]]
     from resmon_exporter.http.render import Renderer
     from resmon_exporter.http.routes import DEFAULT_COLLECTORS, PinnedExposition
 
-    scenario = Scenario(root / f"scenario-{count}.txt", machine(count))
+    values = machine(count)
+    for i in range(count if pids else 0):  # as benchmarks/run.py's process scenario
+        mine = pids[i::count]  # type: ignore[index]
+        values[f"gpu.{i}.processes"] = ",".join(f"{p}:{(j + 1) * 1048576}" for j, p in enumerate(mine))
+        values[f"gpu.{i}.process_util"] = ",".join(f"{p}:{j % 100}:5:0:0" for j, p in enumerate(mine))
+    scenario = Scenario(root / f"scenario-{count}-{len(pids or ())}.txt", values)
     os.environ["FAKE_NVML_SCENARIO"] = str(scenario.path)
     log = logging.getLogger("cold_parts")
     rows = []
-    monitor = ResourceMonitor(cache_ttl=0, collect_timeout=5, gpu_backend="nvml", collect_host=False, logger=log)
+    monitor = ResourceMonitor(cache_ttl=0, collect_timeout=5, gpu_backend="nvml", collect_host=False,
+                              collect_processes=bool(pids), logger=log)
     monitor.start()
     deadline = time.monotonic() + 30
     while not monitor.ready:  # start-up answers without GPUs at once: time only real refreshes
@@ -135,6 +146,8 @@ FLOOR_PARTS = ("NVML calls of one refresh, bare", "host read", "families", "dire
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--processes", nargs="*", default=["8x32"], metavar="GxP",
+                        help="G GPUs with P processes each (default 8x32; none: skip)")
     parser.add_argument("--repeat", type=int, default=100)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="resmon-cold-parts-"))
@@ -148,16 +161,28 @@ def main() -> int:
     print(f"cold scrape parts (python {sys.version.split()[0]}; {os.cpu_count()} CPUs; {args.repeat} repetitions)")
     print("| GPUs | part | CPU ms | wall ms |")
     print("|---|---|---|---|")
-    for count in args.gpus:
-        rows = parts(root, count, args.repeat)
+    cases: list[tuple[str, int, int]] = [(str(count), count, 0) for count in args.gpus]
+    for case in args.processes:
+        gpus, _, per_gpu = case.partition("x")
+        if not (gpus.isdigit() and per_gpu.isdigit() and int(gpus) > 0 and int(per_gpu) > 0):
+            parser.error(f"--processes {case}: expected GxP, e.g. 8x32")
+        cases.append((case, int(gpus), int(per_gpu)))
+    for label, count, per_gpu in cases:
+        sleepers = [subprocess.Popen(["sleep", "600"]) for _ in range(count * per_gpu)]
+        try:
+            rows = parts(root, count, args.repeat, [p.pid for p in sleepers] if sleepers else None)
+        finally:
+            for p in sleepers:
+                p.kill()
+                p.wait()
         for name, cpu, wall in rows:
             if name == "samples rendered":
-                print(f"| {count} | {name} | {cpu:.0f} | |")
+                print(f"| {label} | {name} | {cpu:.0f} | |")
             else:
-                print(f"| {count} | {name} | {cpu:.2f} | {wall:.2f} |")
-        print(f"| {count} | HTTP round trip alone (GET /-/ready, kept alive), p50 | | {http:.2f} |")
+                print(f"| {label} | {name} | {cpu:.2f} | {wall:.2f} |")
+        print(f"| {label} | HTTP round trip alone (GET /-/ready, kept alive), p50 | | {http:.2f} |")
         floor = http + sum(wall for name, _, wall in rows if name in FLOOR_PARTS)
-        print(f"| {count} | floor: HTTP + bare calls + host + families + direct renderer | | {floor:.2f} |")
+        print(f"| {label} | floor: HTTP + bare calls + host + families + direct renderer | | {floor:.2f} |")
     return 0
 
 

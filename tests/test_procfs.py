@@ -192,6 +192,17 @@ def test_unreadable_cgroup_while_alive_gives_an_empty_container(tmp_path: Path) 
     assert (info.comm, info.uid, info.container) == ("gputrainer", 0, ContainerRef())
 
 
+def test_a_file_longer_than_one_read_is_read_whole(tmp_path: Path) -> None:
+    # files are read with os.read in 64 KiB chunks: a cgroup v1 file of many hierarchies
+    # longer than that still gives the container named on its last line
+    filler = "".join(f"{n}:name=hierarchy{n}:/\n" for n in range(1, 9000))
+    assert len(filler) > 2 * 65536
+    write_proc(tmp_path, 7, b"gputrainer\n", status_text(0, 0), filler + f"0::/{KUBEPODS}\n")
+    info = ProcReader(str(tmp_path)).read(7)
+    assert info is not None
+    assert info.container == ContainerRef(container_id=CID, pod_uid=UID, qos="burstable")
+
+
 def test_missing_cgroup_while_alive_gives_an_empty_container(tmp_path: Path, trainer: subprocess.Popen[bytes]) -> None:
     base = fake_proc(tmp_path, 4242, trainer.pid, "")
     (base / "cgroup").unlink()

@@ -41,12 +41,25 @@ class ProcessInfo:
 
 
 def _read(path: str) -> str | None:
-    # ENOENT / ESRCH (the process exited), EACCES, and ValueError for a root with a NUL in it
+    # ENOENT / ESRCH (the process exited), EACCES, EISDIR, and ValueError for a root with a
+    # NUL in it. os.open/os.read, not open(): no buffered file object per file (7.7 instead
+    # of 12 us a file; a scrape with 256 GPU processes reads 256 of them)
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
+    try:
+        chunks = []
+        while True:  # procfs answers a file in one read up to a page; longer ones in several
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _comm_and_start(stat: str) -> tuple[str, str] | None:
