@@ -200,39 +200,109 @@ def test_the_refresh_waits_without_polling_once_every_read_started(monkeypatch):
         assert lends == [1]  # not one try per millisecond while the hung read holds the only job
 
 
-def test_a_probe_that_blocks_gives_every_gpu_left_a_reader():
+def inside_a_call(done: threading.Event) -> None:
+    """Wait for done as a read waits inside an NVML call (errors._timed marks the slot)."""
+    slot = nvml_workers.nvml_errors._blocking.calling
+    slot.call_since = time.perf_counter()
+    done.wait(10)
+    slot.call_since = None
+
+
+def probe_jobs(jobs, log, release: threading.Event, tripping: set[int]):
+    """The jobs, each waiting for release inside an "NVML call" (the refresh passes a read
+    that waits in one for RELAY_SECONDS); those in tripping first tell their probe of one
+    call that waited BLOCKED_SECONDS (as errors._timed does after such a call)."""
+
+    def make(i: int):
+        def run() -> int:
+            log.append((i, threading.current_thread().name))
+            if i in tripping:
+                nvml_workers.nvml_errors._blocking.notify(nvml_workers.BLOCKED_SECONDS)
+            inside_a_call(release)
+            return i
+        return run
+
+    return [(slot, make(i)) for i, (slot, _) in enumerate(jobs)]
+
+
+def test_two_reads_that_trip_give_every_gpu_left_a_reader(monkeypatch):
+    # GPU 0 trips and waits: the refresh passes it (RELAY_SECONDS) to GPU 1, which trips too
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
     with chain_jobs(6) as (readers, jobs, log, _):
         release = threading.Event()
-        probe_calls = threading.Event()
-
-        def blocking_first() -> int:
-            log.append((0, threading.current_thread().name))
-            nvml_workers.nvml_errors._blocking.notify(nvml_workers.BLOCKED_SECONDS)  # one call that waited
-            probe_calls.set()
-            release.wait(10)
-            return 0
-
-        def waits(i: int):
-            def run() -> int:
-                log.append((i, threading.current_thread().name))
-                release.wait(10)
-                return i
-            return run
-
-        jobs = [(jobs[0][0], blocking_first)] + [(slot, waits(i)) for i, (slot, _) in enumerate(jobs) if i]
-        threading.Timer(1.0, release.set).start()
+        jobs = probe_jobs(jobs, log, release, {0, 1})
+        threading.Timer(2.0, release.set).start()
         chain = readers.run(jobs, time.monotonic() + 5)
-        assert chain.blocked
+        assert chain.blocked and chain.trips >= 2
         assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 6
         assert len({name for _, name in log}) == 6  # every read had its own reader
+
+
+def test_one_read_that_trips_is_not_yet_a_driver_that_blocks(monkeypatch):
+    # a read preempted inside a call (or waiting for the GIL as it returns) trips alone: the
+    # chain goes on one reader at a time (passed by the refresh's timer while each waits)
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
+    with chain_jobs(4) as (readers, jobs, log, _):
+        release = threading.Event()
+        jobs = probe_jobs(jobs, log, release, {0})
+        threading.Timer(1.0, release.set).start()
+        chain = readers.run(jobs, time.monotonic() + 5)
+        assert (chain.blocked, chain.trips) == (False, 1)
+        assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 4
+        starts = Starts()
+        starts.learn(chain)
+        assert starts.expect and not starts.at_once()  # the next chain: one trip is enough
+
+
+def test_one_trip_right_after_a_refresh_that_tripped_gives_every_gpu_left_a_reader(monkeypatch):
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
+    monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 30.0)  # only the probe can pass GPU 0
+    with chain_jobs(5) as (readers, jobs, log, _):
+        release = threading.Event()
+        jobs = probe_jobs(jobs, log, release, {0})
+        threading.Timer(1.0, release.set).start()
+        chain = readers.run(jobs, time.monotonic() + 5, expect=True)
+        assert chain.blocked
+        assert len({name for _, name in log}) == 5
+
+
+def test_a_passed_reader_leaves_the_chain_to_the_one_lent_after_it(monkeypatch):
+    # GPU 0's read waits 0.1 s in a call: the chain goes on with another reader, and when the
+    # read returns its reader starts nothing more (two readers taking turns would hand the
+    # GIL to each other at every call for the rest of the refresh)
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
+    with chain_jobs(8) as (readers, jobs, log, _):
+        gate = threading.Event()
+
+        def waits() -> int:
+            log.append((0, threading.current_thread().name))
+            inside_a_call(gate)
+            return 0
+
+        def slow(job):
+            def run() -> int:
+                time.sleep(0.05)  # every read long enough for GPU 0's return to fall among them
+                return job()
+            return run
+
+        jobs = [(jobs[0][0], waits)] + [(slot, slow(job)) for slot, job in jobs[1:]]
+        threading.Timer(0.1, gate.set).start()
+        chain = readers.run(jobs, time.monotonic() + 10)
+        assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 8
+        first = log[0][1]
+        assert [name for i, name in log if name == first] == [first]  # GPU 0's reader read GPU 0 only
+        assert len({name for _, name in log}) == 2  # and one reader all the others
 
 
 def test_a_driver_found_blocking_is_read_all_at_once_for_the_next_refreshes():
     starts = Starts()
     modes = []
     for k in range(10):
-        modes.append("at once" if starts.at_once() else "chain")
-        starts.learn(blocked=k == 1)  # the probe of the second refresh found the driver blocking
+        at_once = starts.at_once()
+        modes.append("at once" if at_once else "chain")
+        chain = nvml_workers.Chain([], at_once)
+        chain.blocked = k == 1  # the probes of the second refresh found the driver blocking
+        starts.learn(chain)
     expected_at_once = nvml_workers.PROBE_EVERY - 1
     assert modes[:2] == ["chain", "chain"]
     assert modes[2 : 2 + expected_at_once] == ["at once"] * expected_at_once

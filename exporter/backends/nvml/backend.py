@@ -676,7 +676,7 @@ class NvmlBackend:
             jobs.append((slot, lambda i=i, slow=slow: self._read_device(i, slow)))
         # busy now: a read still in flight from an earlier refresh, which the chain passes over
         in_flight = [slot.busy for slot, _ in jobs]
-        chain = self._readers.run(jobs, until, self._starts.at_once())
+        chain = self._readers.run(jobs, until, self._starts.at_once(), self._starts.expect)
         out: list[tuple[str, GpuSample]] = []
         watched: dict[str, Any] = {}
         seconds = dict.fromkeys(_PARTS, 0.0)
@@ -717,7 +717,7 @@ class NvmlBackend:
                 self._cadence.read(result.key, i, count, now)
             if result.reread:
                 self._cadence.force(result.key)
-        self._starts.learn(chain.blocked)
+        self._starts.learn(chain)
         if defect is not None:
             if error is not None:  # the library went too: re-initialise as read() would, then report the defect
                 self._lost_backend(error)

@@ -11,11 +11,20 @@ quarter of a refresh's CPU; with a thread per GPU all started together, every ct
 one: 3-4x). So one reader thread takes the GPUs one after another, in order. The refresh
 lends the chain another reader when the read in front has made no progress for
 RELAY_SECONDS while inside one NVML call (hung or long), or for STALL_SECONDS in all; the new
-reader goes on with the next GPU. Every read of a chain not yet all at once is a probe: a
+reader goes on with the next GPU, and the one passed leaves the chain to it when its read
+returns (a chain has one reader taking GPUs: two would hand the GIL to each other at every
+call, and a preempted read, which a busy machine passes now and then, would leave two for the
+rest of the refresh). Every read of a chain not yet all at once is a probe: a
 read with BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS, or one call longer
-than BLOCKED_SECONDS (a driver where a single call per GPU waits), finds a driver that
-blocks; every GPU left then gets a reader of its own at once (their waits overlap), and so
-do the next PROBE_EVERY - 1 refreshes, after which a chain probes again.
+than BLOCKED_SECONDS (a driver where a single call per GPU waits), trips. Two reads of one
+refresh that trip, or one that trips right after a refresh that tripped or found the driver
+blocking, find a driver that blocks; every GPU left then gets a reader of its own at once
+(their waits overlap), and so do the next PROBE_EVERY - 1 refreshes, after which a chain
+probes again. One trip alone is not enough: on a busy machine a read preempted inside a
+call, or waiting for the GIL when the call returns, trips too (about one 64-GPU refresh in
+70 on this project's shared 2-core machine), and a fast driver read all at once costs 3x
+the CPU and wall time of a chain (the thread switches): that was the p99 of a 64-GPU
+scrape. A driver that blocks trips on every GPU.
 """
 
 from __future__ import annotations
@@ -62,8 +71,11 @@ class Chain:
         self.progress = 0  # takes and returns so far: the refresh watches it move
         self.closed = False  # the refresh's deadline passed: nothing more starts
         self.at_once = at_once
-        self.blocked = False  # a probe's calls blocked: the rest started at once
+        self.blocked = False  # the probes found the driver blocking: the rest started at once
+        self.trips = 0  # reads whose calls took long (see the module docstring)
+        self.expect = False  # the refresh before tripped or found the driver blocking: one trip is enough
         self.last: GpuSlot | None = None  # the slot of the read taken last
+        self.front: _Reader | None = None  # the reader lent last: in a chain only it takes on
         self.started = [False] * len(self.jobs)
         self.results: list[tuple[bool, Any, BaseException | None]] = [(False, None, None)] * len(self.jobs)
         self.finished = threading.Event()  # every job returned, passed over or not to start
@@ -77,11 +89,13 @@ class _Probe:
 
     def __init__(self, readers: Readers, chain: Chain) -> None:
         self._readers, self._chain, self._calls = readers, chain, 0
+        self._tripped = False
 
     def __call__(self, seconds: float) -> None:
         self._calls += 1
-        if self._calls >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS:
-            self._readers.spread(self._chain)
+        if not self._tripped and (self._calls >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS):
+            self._tripped = True  # once per read: a read's many long calls are one trip
+            self._readers.tripped(self._chain)
 
 
 class _Reader:
@@ -149,11 +163,13 @@ class Readers:
         self._idle.append(reader)
         return True
 
-    def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False) -> Chain:
+    def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False, expect: bool = False) -> Chain:
         """Read the jobs (a slot still busy from an earlier refresh is passed over), none
         started after the monotonic time until; returns once every started read returned or
-        at until (the reads still running are the refresh's stuck GPUs)."""
+        at until (the reads still running are the refresh's stuck GPUs). expect: one read
+        that trips is enough to find the driver blocking (Starts.expect)."""
         chain = Chain(jobs, at_once, until)
+        chain.expect = expect
         with self._cond:
             if self._stopping or not chain.jobs:
                 chain.closed = True
@@ -199,12 +215,12 @@ class Readers:
         since = slot.call_since if slot is not None else None
         return since is not None and time.perf_counter() - since >= RELAY_SECONDS
 
-    def spread(self, chain: Chain) -> None:
-        """A probe found the driver blocking: every job left gets a reader of its own."""
-        if chain.at_once:  # told already (each long call of every read tells)
-            return
+    def tripped(self, chain: Chain) -> None:
+        """A read of the chain tripped: the second (or the first one expected) finds the driver
+        blocking, and every job left gets a reader of its own."""
         with self._cond:
-            if chain.at_once:
+            chain.trips += 1
+            if chain.at_once or chain.trips < (1 if chain.expect else 2):
                 return
             chain.blocked = chain.at_once = True
             self._lend(chain, chain.left())
@@ -220,7 +236,9 @@ class Readers:
                 if chain.running == 0:
                     chain.finished.set()
                 return
-            self._idle.pop().lend(chain, i)
+            reader = self._idle.pop()
+            chain.front = reader
+            reader.lend(chain, i)
 
     def _take(self, chain: Chain) -> int | None:
         """The next job of the chain to start, marked in flight (under the lock); None when
@@ -264,7 +282,10 @@ class Readers:
                 chain.running -= 1
                 chain.progress += 1
                 self._running -= 1
-                taken = self._take(chain)
+                # a chain's reader that was passed (its read waited or stalled, and the chain
+                # went on with another) leaves the chain to that one: two readers taking
+                # turns would hand the GIL to each other at every NVML call
+                taken = self._take(chain) if chain.at_once or chain.front is reader else None
                 if taken is None and chain.running == 0:
                     chain.finished.set()
                 self._cond.notify_all()  # wait_idle()
@@ -328,16 +349,21 @@ class Starts:
 
     def __init__(self) -> None:
         self._at_once_left = 0  # refreshes still to start at once before the next chain
+        self.expect = False  # the last chain tripped: one trip of the next one is enough
 
     def at_once(self) -> bool:
         at_once = self._at_once_left > 0
         self._at_once_left = max(0, self._at_once_left - 1)
         return at_once
 
-    def learn(self, blocked: bool) -> None:
-        """After the refresh's reads returned: a probe that blocked, a driver that does."""
-        if blocked:
+    def learn(self, chain: Chain) -> None:
+        """After the refresh's reads returned: probes that found the driver blocking, a
+        driver that blocks; a chain that tripped once makes the next one expect it."""
+        if chain.blocked:
             self._at_once_left = PROBE_EVERY - 1
+            self.expect = True
+        elif not chain.at_once:  # a chain read as one (all at once probes nothing)
+            self.expect = chain.trips > 0
 
 
 class HandleCache:
