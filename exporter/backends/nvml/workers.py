@@ -21,7 +21,7 @@ refresh that trip, or one that trips right after a refresh that tripped or found
 blocking, find a driver that blocks; every GPU left then gets a reader of its own at once
 (their waits overlap), and so do the next PROBE_EVERY - 1 refreshes, after which a chain
 probes again. One trip alone is not enough: on a busy machine a read preempted inside a
-call, or waiting for the GIL when the call returns, trips too (about one 64-GPU refresh in
+call, or waiting for the GIL when the call returns, trips too (one 64-GPU refresh in 25 to
 70 on this project's shared 2-core machine), and a fast driver read all at once costs 3x
 the CPU and wall time of a chain (the thread switches): that was the p99 of a 64-GPU
 scrape. A driver that blocks trips on every GPU.
