@@ -15,10 +15,11 @@ collector on: the refresh then includes reading procfs and joining the owners.
 
 Then the floor under a cold scrape of this design (docs/performance.md, "The floor under a
 cold scrape"): the refresh's NVML calls made bare (one call through its ctypes pointer with
-its arguments built once, times CALLS_PER_GPU per GPU), the HTTP round trip alone (the CLI's
-/-/ready on a kept-alive loopback connection, as benchmarks/run.py scrapes) and their sum
-with the host read, the families and the direct renderer: what a cold scrape costs with no
-Python of the exporter's own around any NVML call.
+its arguments built once, times CALLS_PER_GPU per GPU), with processes their procfs stat
+files read bare (os.open, os.read, os.close), the HTTP round trip alone (the CLI's /-/ready
+on a kept-alive loopback connection, as benchmarks/run.py scrapes) and their sum with the
+host read, the families and the direct renderer: what a cold scrape costs with no Python of
+the exporter's own around any NVML call or file.
 
 The fake is loaded without its call trace here: writing the trace is a system call per NVML
 call, which the CLI benchmarks (benchmarks/run.py) do not pay either.
@@ -102,6 +103,8 @@ def parts(root: Path, count: int, repeat: int, pids: list[int] | None = None) ->
         rows.append(("samples rendered", float(sum(len(f.samples) for f in families)), 0.0))
         bare = bare_call_ms(repeat * 100)
         rows.append(("NVML calls of one refresh, bare", bare * CALLS_PER_GPU * count, bare * CALLS_PER_GPU * count))
+        if pids:  # the one file per process and scrape that procfs.py reads of a known process
+            rows.append(("procfs stat files of the processes, bare", *timed(repeat, lambda: bare_stats(pids))))
     finally:
         monitor.close(drain=5.0)
     return rows
@@ -126,6 +129,16 @@ def bare_call_ms(n: int) -> float:
     return (time.perf_counter() - start) / n * 1000
 
 
+def bare_stats(pids: list[int]) -> None:
+    """/proc/PID/stat of each process read with no Python around it but the system calls."""
+    for pid in pids:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            os.read(fd, 65536)
+        finally:
+            os.close(fd)
+
+
 def http_round_trip_ms(root: Path, lib: Path, repeat: int) -> float:
     """p50 wall ms of GET /-/ready on the real CLI over a kept-alive loopback connection."""
     scenario = Scenario(root / "scenario-http.txt", machine(1))
@@ -140,7 +153,8 @@ def http_round_trip_ms(root: Path, lib: Path, repeat: int) -> float:
     return latencies[len(latencies) // 2]
 
 
-FLOOR_PARTS = ("NVML calls of one refresh, bare", "host read", "families", "direct renderer")
+FLOOR_PARTS = ("NVML calls of one refresh, bare", "procfs stat files of the processes, bare", "host read", "families",
+               "direct renderer")
 
 
 def main() -> int:
@@ -182,7 +196,7 @@ def main() -> int:
                 print(f"| {label} | {name} | {cpu:.2f} | {wall:.2f} |")
         print(f"| {label} | HTTP round trip alone (GET /-/ready, kept alive), p50 | | {http:.2f} |")
         floor = http + sum(wall for name, _, wall in rows if name in FLOOR_PARTS)
-        print(f"| {label} | floor: HTTP + bare calls + host + families + direct renderer | | {floor:.2f} |")
+        print(f"| {label} | floor: HTTP + bare calls and files + host + families + direct renderer | | {floor:.2f} |")
     return 0
 
 

@@ -51,25 +51,30 @@ def test_quick_benchmark_prints_every_figure(tmp_path):
 
 
 def test_cold_parts_prints_every_part():
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cold_parts.py"), "--gpus", "2", "--repeat", "2"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cold_parts.py"), "--gpus", "2", "--processes", "2x16",
+                             "--repeat", "2"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    rows: dict[str, tuple[str, str]] = {}
+    rows: dict[str, dict[str, tuple[str, str]]] = {"2": {}, "2x16": {}}
     for line in result.stdout.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 4 and cells[0] == "2":
-            rows[cells[1]] = (cells[2], cells[3])
+        if len(cells) == 4 and cells[0] in rows:
+            rows[cells[0]][cells[1]] = (cells[2], cells[3])
     http = "HTTP round trip alone (GET /-/ready, kept alive), p50"
-    floor = "floor: HTTP + bare calls + host + families + direct renderer"
-    parts = ("NVML calls of one refresh, bare", "host read", "families", "direct renderer")
-    assert set(rows) == {"GPU refresh on the reader threads", "the same GPUs one after another, this thread",
-                         "prometheus_client generate_latest", "samples rendered", http, floor, *parts}
-    # two fake GPUs read for real: their families render to a few dozen samples
-    assert int(rows["samples rendered"][0]) > 40
-    measured = {k: float(wall) for k, (_, wall) in rows.items() if k != "samples rendered"}
-    assert all(v > 0 for v in measured.values()), measured
-    assert all(float(cpu) > 0 for k, (cpu, _) in rows.items() if k not in (http, floor))
-    # the floor is the sum of its parts (each printed rounded to 0.01 ms)
-    assert abs(measured[floor] - measured[http] - sum(measured[k] for k in parts)) <= 0.03, measured
-    # bare calls: 2 GPUs x 15 calls of a few µs each, well under a millisecond, not seconds
-    assert measured["NVML calls of one refresh, bare"] < 5
+    floor = "floor: HTTP + bare calls and files + host + families + direct renderer"
+    parts = ["NVML calls of one refresh, bare", "host read", "families", "direct renderer"]
+    procfs = "procfs stat files of the processes, bare"
+    common = {"GPU refresh on the reader threads", "the same GPUs one after another, this thread",
+              "prometheus_client generate_latest", "samples rendered", http, floor, *parts}
+    assert set(rows["2"]) == common
+    assert set(rows["2x16"]) == common | {procfs}  # the processes' files: only where there are processes
+    # two fake GPUs read for real: their families render to a few dozen samples; with sixteen
+    # processes each, their memory and utilization series too (16 files: the floor counts them)
+    assert 40 < int(rows["2"]["samples rendered"][0]) < int(rows["2x16"]["samples rendered"][0]) - 6
+    for case, case_parts in (("2", parts), ("2x16", [*parts, procfs])):
+        measured = {k: float(wall) for k, (_, wall) in rows[case].items() if k != "samples rendered"}
+        assert all(v > 0 for v in measured.values()), measured
+        assert all(float(cpu) > 0 for k, (cpu, _) in rows[case].items() if k not in (http, floor))
+        # the floor is the sum of its parts (each printed rounded to 0.01 ms)
+        assert abs(measured[floor] - measured[http] - sum(measured[k] for k in case_parts)) <= 0.04, measured
+        # bare calls: 2 GPUs x 15 calls of a few us each, well under a millisecond, not seconds
+        assert measured["NVML calls of one refresh, bare"] < 5
