@@ -327,7 +327,7 @@ def run(config: Config, warnings: Sequence[str] = ()) -> int:
         return 2
 
     monitor.start()  # start-up probing and the first read, outside any scrape deadline
-    # What start-up made (modules, the flag tables, the libraries' own objects: about 30000
+    # What start-up made (modules, the flag tables, the libraries' own objects: about 33000
     # objects) lives as long as the process: frozen out of the cyclic GC, so its full
     # collections, which a scrape of 64 GPUs sets off about one in 20 times, scan only what
     # the exporter made since (about 0.7 ms instead of 8). The library API leaves an
