@@ -203,6 +203,17 @@ def test_a_file_longer_than_one_read_is_read_whole(tmp_path: Path) -> None:
     assert info.container == ContainerRef(container_id=CID, pod_uid=UID, qos="burstable")
 
 
+def test_a_file_that_never_ends_is_read_only_so_far(tmp_path: Path) -> None:
+    # a --path.procfs tree whose cgroup is a link to /dev/zero: the read stops (at 1 MiB)
+    base = write_proc(tmp_path, 7, b"gputrainer\n", status_text(0, 0), "")
+    (base / "cgroup").unlink()
+    (base / "cgroup").symlink_to("/dev/zero")
+    text = procfs._read(str(base / "cgroup"))
+    assert text is not None and 1 << 20 <= len(text) < (1 << 20) + 65536
+    info = ProcReader(str(tmp_path)).read(7)
+    assert info is not None and info.container == ContainerRef()
+
+
 def test_missing_cgroup_while_alive_gives_an_empty_container(tmp_path: Path, trainer: subprocess.Popen[bytes]) -> None:
     base = fake_proc(tmp_path, 4242, trainer.pid, "")
     (base / "cgroup").unlink()

@@ -208,14 +208,20 @@ def inside_a_call(done: threading.Event) -> None:
     slot.call_since = None
 
 
-def probe_jobs(jobs, log, release: threading.Event, tripping: set[int]):
-    """The jobs, each waiting for release inside an "NVML call" (the refresh passes a read
-    that waits in one for RELAY_SECONDS); those in tripping first tell their probe of one
-    call that waited BLOCKED_SECONDS (as errors._timed does after such a call)."""
+def probe_jobs(jobs, log, tripping: set[int]):
+    """The jobs, each waiting inside an "NVML call" (the refresh passes a read that waits in
+    one for RELAY_SECONDS) until every job has started; those in tripping first tell their
+    probe of one call that waited BLOCKED_SECONDS (as errors._timed does after such a call).
+    A job never started leaves them all waiting until the 10 s backstop."""
+    release = threading.Event()
+    lock = threading.Lock()
 
     def make(i: int):
         def run() -> int:
-            log.append((i, threading.current_thread().name))
+            with lock:
+                log.append((i, threading.current_thread().name))
+                if len(log) == len(jobs):
+                    release.set()
             if i in tripping:
                 nvml_workers.nvml_errors._blocking.notify(nvml_workers.BLOCKED_SECONDS)
             inside_a_call(release)
@@ -229,13 +235,10 @@ def test_two_reads_that_trip_give_every_gpu_left_a_reader(monkeypatch):
     # GPU 0 trips and waits: the refresh passes it (RELAY_SECONDS) to GPU 1, which trips too
     monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
     with chain_jobs(6) as (readers, jobs, log, _):
-        release = threading.Event()
-        jobs = probe_jobs(jobs, log, release, {0, 1})
-        threading.Timer(2.0, release.set).start()
-        chain = readers.run(jobs, time.monotonic() + 5)
-        assert chain.blocked and chain.trips >= 2
+        chain = readers.run(probe_jobs(jobs, log, {0, 1}), time.monotonic() + 30)
+        assert chain.blocked and sorted(chain.tripped) == [0, 1]
         assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 6
-        assert len({name for _, name in log}) == 6  # every read had its own reader
+        assert len({name for _, name in log}) == 6  # every read had its own reader, at once
 
 
 def test_one_read_that_trips_is_not_yet_a_driver_that_blocks(monkeypatch):
@@ -243,54 +246,89 @@ def test_one_read_that_trips_is_not_yet_a_driver_that_blocks(monkeypatch):
     # chain goes on one reader at a time (passed by the refresh's timer while each waits)
     monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
     with chain_jobs(4) as (readers, jobs, log, _):
-        release = threading.Event()
-        jobs = probe_jobs(jobs, log, release, {0})
-        threading.Timer(1.0, release.set).start()
-        chain = readers.run(jobs, time.monotonic() + 5)
-        assert (chain.blocked, chain.trips) == (False, 1)
+        chain = readers.run(probe_jobs(jobs, log, {0}), time.monotonic() + 30)
+        assert (chain.blocked, chain.at_once, chain.tripped) == (False, False, [0])
         assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 4
         starts = Starts()
         starts.learn(chain)
-        assert starts.expect and not starts.at_once()  # the next chain: one trip is enough
+        assert not starts.at_once()
+        assert (starts.expect, starts.alone) == (False, {0})  # a trip of another GPU next time is enough
 
 
-def test_one_trip_right_after_a_refresh_that_tripped_gives_every_gpu_left_a_reader(monkeypatch):
+def test_one_trip_right_after_a_refresh_that_found_the_driver_blocking_spreads(monkeypatch):
     monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
     monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 30.0)  # only the probe can pass GPU 0
     with chain_jobs(5) as (readers, jobs, log, _):
-        release = threading.Event()
-        jobs = probe_jobs(jobs, log, release, {0})
-        threading.Timer(1.0, release.set).start()
-        chain = readers.run(jobs, time.monotonic() + 5, expect=True)
+        chain = readers.run(probe_jobs(jobs, log, {0}), time.monotonic() + 30, expect=True)
         assert chain.blocked
         assert len({name for _, name in log}) == 5
 
 
+def test_one_trip_right_after_another_gpu_tripped_alone_spreads(monkeypatch):
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
+    monkeypatch.setattr(nvml_workers, "RELAY_SECONDS", 30.0)  # only the probe can pass GPU 0
+    with chain_jobs(5) as (readers, jobs, log, _):
+        chain = readers.run(probe_jobs(jobs, log, {0}), time.monotonic() + 30, alone=frozenset({3}))
+        assert chain.blocked
+        assert len({name for _, name in log}) == 5
+
+
+def test_the_same_gpu_tripping_again_is_one_slow_gpu_not_a_driver_that_blocks(monkeypatch):
+    # GPU 0 trips on every refresh: the refresh's timer passes it, the others read in a chain
+    monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
+    with chain_jobs(4) as (readers, jobs, log, _):
+        chain = readers.run(probe_jobs(jobs, log, {0}), time.monotonic() + 30, alone=frozenset({0}))
+        assert (chain.blocked, chain.tripped) == (False, [0])
+        assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 4
+
+
+def test_a_refresh_that_started_no_read_keeps_what_was_learnt():
+    starts = Starts()
+    blocked = nvml_workers.Chain([(GpuSlot(0), lambda: 0)], False)
+    blocked.blocked = True
+    starts.learn(blocked)
+    assert starts.expect
+    for _ in range(nvml_workers.PROBE_EVERY - 1):
+        assert starts.at_once()
+        starts.learn(nvml_workers.Chain([(GpuSlot(0), lambda: 0)], True))  # all at once: probes nothing
+    assert not starts.at_once()
+    starts.learn(nvml_workers.Chain([(GpuSlot(0), lambda: 0)], False))  # every GPU still busy: no read started
+    assert starts.expect
+    probed = nvml_workers.Chain([(GpuSlot(0), lambda: 0)], False)
+    probed.started[0] = True  # a chain that read and did not trip: the driver answers at once again
+    starts.learn(probed)
+    assert (starts.expect, starts.alone) == (False, frozenset())
+
+
 def test_a_passed_reader_leaves_the_chain_to_the_one_lent_after_it(monkeypatch):
-    # GPU 0's read waits 0.1 s in a call: the chain goes on with another reader, and when the
-    # read returns its reader starts nothing more (two readers taking turns would hand the
-    # GIL to each other at every call for the rest of the refresh)
+    # GPU 0's read waits in a call: the chain goes on with another reader, and when the read
+    # returns its reader starts nothing more (two readers taking turns would hand the GIL to
+    # each other at every call for the rest of the refresh)
     monkeypatch.setattr(nvml_workers, "STALL_SECONDS", 30.0)
     with chain_jobs(8) as (readers, jobs, log, _):
         gate = threading.Event()
+        slot0 = jobs[0][0]
 
         def waits() -> int:
             log.append((0, threading.current_thread().name))
-            inside_a_call(gate)
+            inside_a_call(gate)  # passed by the refresh's timer while it waits here
             return 0
 
-        def slow(job):
-            def run() -> int:
-                time.sleep(0.05)  # every read long enough for GPU 0's return to fall among them
-                return job()
-            return run
+        def second() -> int:
+            # GPU 0 was passed (this read runs): let it return, and wait until its reader has
+            # decided whether to take the next GPU (done under the lock that frees its slot)
+            log.append((1, threading.current_thread().name))
+            gate.set()
+            deadline = time.monotonic() + 10
+            while slot0.busy and time.monotonic() < deadline:
+                time.sleep(0.001)
+            return 1
 
-        jobs = [(jobs[0][0], waits)] + [(slot, slow(job)) for slot, job in jobs[1:]]
-        threading.Timer(0.1, gate.set).start()
-        chain = readers.run(jobs, time.monotonic() + 10)
+        jobs = [(slot0, waits), (jobs[1][0], second), *jobs[2:]]
+        chain = readers.run(jobs, time.monotonic() + 30)
         assert [done for _, done, *_ in readers.outcome(chain)] == [True] * 8
         first = log[0][1]
-        assert [name for i, name in log if name == first] == [first]  # GPU 0's reader read GPU 0 only
+        assert [i for i, name in log if name == first] == [0]  # GPU 0's reader read GPU 0 only
         assert len({name for _, name in log}) == 2  # and one reader all the others
 
 

@@ -25,6 +25,7 @@ from .cgroups import ContainerRef, parse_cgroup
 _CGROUP_CACHE = 4096  # distinct cgroup texts remembered
 _KNOWN_CACHE = 8192  # processes whose owner and container are remembered
 KNOWN_SECONDS = 60.0  # how long a process's owner and container are used before a re-read
+_MAX_FILE = 1 << 20  # bytes read of one file at most (stat, status and cgroup are a few KiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +51,15 @@ def _read(path: str) -> str | None:
         return None
     try:
         chunks = []
-        while True:  # procfs answers a file in one read up to a page; longer ones in several
+        size = 0
+        # procfs answers a file in one read up to a page, longer ones in several; at most
+        # _MAX_FILE (a --path.procfs tree whose file is a link to /dev/zero never ends)
+        while size < _MAX_FILE:
             chunk = os.read(fd, 65536)
             if not chunk:
                 break
             chunks.append(chunk)
+            size += len(chunk)
         return b"".join(chunks).decode("utf-8", errors="replace")
     except OSError:
         return None

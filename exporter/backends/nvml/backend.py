@@ -676,7 +676,7 @@ class NvmlBackend:
             jobs.append((slot, lambda i=i, slow=slow: self._read_device(i, slow)))
         # busy now: a read still in flight from an earlier refresh, which the chain passes over
         in_flight = [slot.busy for slot, _ in jobs]
-        chain = self._readers.run(jobs, until, self._starts.at_once(), self._starts.expect)
+        chain = self._readers.run(jobs, until, self._starts.at_once(), self._starts.expect, self._starts.alone)
         out: list[tuple[str, GpuSample]] = []
         watched: dict[str, Any] = {}
         seconds = dict.fromkeys(_PARTS, 0.0)

@@ -14,17 +14,20 @@ RELAY_SECONDS while inside one NVML call (hung or long), or for STALL_SECONDS in
 reader goes on with the next GPU, and the one passed leaves the chain to it when its read
 returns (a chain has one reader taking GPUs: two would hand the GIL to each other at every
 call, and a preempted read, which a busy machine passes now and then, would leave two for the
-rest of the refresh). Every read of a chain not yet all at once is a probe: a
-read with BLOCKED_CALLS calls longer than nvml_errors.BLOCKING_SECONDS, or one call longer
-than BLOCKED_SECONDS (a driver where a single call per GPU waits), trips. Two reads of one
-refresh that trip, or one that trips right after a refresh that tripped or found the driver
-blocking, find a driver that blocks; every GPU left then gets a reader of its own at once
-(their waits overlap), and so do the next PROBE_EVERY - 1 refreshes, after which a chain
-probes again. One trip alone is not enough: on a busy machine a read preempted inside a
+rest of the refresh).
+
+Every read of a chain not yet all at once is a probe: a read with BLOCKED_CALLS calls longer
+than nvml_errors.BLOCKING_SECONDS, or one call longer than BLOCKED_SECONDS (a driver where a
+single call per GPU waits), trips. The driver blocks when two reads of one refresh trip, or
+one trips right after a refresh that found the driver blocking, or right after a refresh
+where another GPU tripped alone (Starts); every GPU left then gets a reader of its own at
+once (their waits overlap), and so do the next PROBE_EVERY - 1 refreshes, after which a
+chain probes again. One trip is not enough: on a busy machine a read preempted inside a
 call, or waiting for the GIL when the call returns, trips too (one 64-GPU refresh in 25 to
 70 on this project's shared 2-core machine), and a fast driver read all at once costs 3x
 the CPU and wall time of a chain (the thread switches): that was the p99 of a 64-GPU
-scrape. A driver that blocks trips on every GPU.
+scrape. A driver that blocks trips on every GPU; one slow GPU that trips on every refresh
+is not one (the refresh's timer passes it while it waits).
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ class Chain:
         self.closed = False  # the refresh's deadline passed: nothing more starts
         self.at_once = at_once
         self.blocked = False  # the probes found the driver blocking: the rest started at once
-        self.trips = 0  # reads whose calls took long (see the module docstring)
-        self.expect = False  # the refresh before tripped or found the driver blocking: one trip is enough
+        self.tripped: list[int] = []  # the GPUs whose reads' calls took long (see the module docstring)
+        self.expect = False  # the refresh before found the driver blocking: one trip is enough
+        self.alone: frozenset[int] = frozenset()  # the GPU that tripped alone in the refresh before
         self.last: GpuSlot | None = None  # the slot of the read taken last
         self.front: _Reader | None = None  # the reader lent last: in a chain only it takes on
         self.started = [False] * len(self.jobs)
@@ -87,15 +91,15 @@ class Chain:
 class _Probe:
     """Told of one read's long NVML calls (on its reader's thread, errors.tell_when_blocking)."""
 
-    def __init__(self, readers: Readers, chain: Chain) -> None:
-        self._readers, self._chain, self._calls = readers, chain, 0
+    def __init__(self, readers: Readers, chain: Chain, index: int) -> None:
+        self._readers, self._chain, self._index, self._calls = readers, chain, index, 0
         self._tripped = False
 
     def __call__(self, seconds: float) -> None:
         self._calls += 1
         if not self._tripped and (self._calls >= BLOCKED_CALLS or seconds >= BLOCKED_SECONDS):
             self._tripped = True  # once per read: a read's many long calls are one trip
-            self._readers.tripped(self._chain)
+            self._readers.tripped(self._chain, self._index)
 
 
 class _Reader:
@@ -163,13 +167,17 @@ class Readers:
         self._idle.append(reader)
         return True
 
-    def run(self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False, expect: bool = False) -> Chain:
+    def run(
+        self, jobs: Sequence[tuple[GpuSlot, Job]], until: float, at_once: bool = False, expect: bool = False,
+        alone: frozenset[int] = frozenset(),
+    ) -> Chain:
         """Read the jobs (a slot still busy from an earlier refresh is passed over), none
         started after the monotonic time until; returns once every started read returned or
         at until (the reads still running are the refresh's stuck GPUs). expect: one read
-        that trips is enough to find the driver blocking (Starts.expect)."""
+        that trips is enough to find the driver blocking; alone: so is one of a GPU other
+        than these (Starts)."""
         chain = Chain(jobs, at_once, until)
-        chain.expect = expect
+        chain.expect, chain.alone = expect, alone
         with self._cond:
             if self._stopping or not chain.jobs:
                 chain.closed = True
@@ -196,7 +204,8 @@ class Readers:
             if not chain.finished.wait(wait) and chain.progress == seen and wait == RELAY_SECONDS:
                 if self._front_waits(chain) or time.monotonic() - moved >= STALL_SECONDS:
                     with self._cond:
-                        self._lend(chain, 1)
+                        if chain.progress == seen:  # not a read that was taken just now
+                            self._lend(chain, 1)
             if chain.progress != seen:
                 moved = time.monotonic()
             seen = chain.progress
@@ -215,12 +224,15 @@ class Readers:
         since = slot.call_since if slot is not None else None
         return since is not None and time.perf_counter() - since >= RELAY_SECONDS
 
-    def tripped(self, chain: Chain) -> None:
-        """A read of the chain tripped: the second (or the first one expected) finds the driver
-        blocking, and every job left gets a reader of its own."""
+    def tripped(self, chain: Chain, index: int) -> None:
+        """GPU index's read of the chain tripped: the second, or the first one expected (see
+        the module docstring), finds the driver blocking, and every job left gets a reader of
+        its own."""
         with self._cond:
-            chain.trips += 1
-            if chain.at_once or chain.trips < (1 if chain.expect else 2):
+            chain.tripped.append(index)
+            if chain.at_once or chain.closed:
+                return
+            if len(chain.tripped) < 2 and not chain.expect and (not chain.alone or index in chain.alone):
                 return
             chain.blocked = chain.at_once = True
             self._lend(chain, chain.left())
@@ -268,7 +280,7 @@ class Readers:
         i = first
         while True:
             slot, job = chain.jobs[i]
-            nvml_errors.tell_when_blocking(None if chain.at_once else _Probe(self, chain), slot)
+            nvml_errors.tell_when_blocking(None if chain.at_once else _Probe(self, chain, slot.index), slot)
             result: Any = None
             error: BaseException | None = None
             try:
@@ -349,7 +361,8 @@ class Starts:
 
     def __init__(self) -> None:
         self._at_once_left = 0  # refreshes still to start at once before the next chain
-        self.expect = False  # the last chain tripped: one trip of the next one is enough
+        self.expect = False  # the last chain found the driver blocking: one trip of the next is enough
+        self.alone: frozenset[int] = frozenset()  # the GPU that tripped alone in the last chain
 
     def at_once(self) -> bool:
         at_once = self._at_once_left > 0
@@ -358,12 +371,14 @@ class Starts:
 
     def learn(self, chain: Chain) -> None:
         """After the refresh's reads returned: probes that found the driver blocking, a
-        driver that blocks; a chain that tripped once makes the next one expect it."""
+        driver that blocks; a GPU that tripped alone makes a trip of another GPU in the next
+        chain enough. A refresh read all at once, or one that started no read (every GPU still
+        busy), probed nothing: what was learnt stays."""
         if chain.blocked:
             self._at_once_left = PROBE_EVERY - 1
-            self.expect = True
-        elif not chain.at_once:  # a chain read as one (all at once probes nothing)
-            self.expect = chain.trips > 0
+            self.expect, self.alone = True, frozenset()
+        elif not chain.at_once and any(chain.started):
+            self.expect, self.alone = False, frozenset(chain.tripped)
 
 
 class HandleCache:
