@@ -248,7 +248,10 @@ class Trace:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        text = self.path.read_text()
+        # the fake may be writing a line as it is read (a read does not wait for a write):
+        # a last line without its newline is not yet complete, and is left for the next read
+        for line in text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]:
             symbol, _, index = line.partition(" ")
             out.append((symbol, int(index)))
         return out
