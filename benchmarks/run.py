@@ -263,27 +263,17 @@ def scrape_latencies(port: int, n: int, accept: str | None, gz: bool) -> list[fl
         headers["Accept"] = accept
     if gz:
         headers["Accept-Encoding"] = "gzip"
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        conn.request("GET", "/metrics", headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
-        out.append((time.perf_counter() - t0) * 1000)
-        assert resp.status == 200 and body
-    conn.close()
-    return out
+    return scrape_path_latencies(port, "/metrics", n, headers)
 
 
-def scrape_path_latencies(port: int, path: str, n: int) -> list[float]:
+def scrape_path_latencies(port: int, path: str, n: int, headers: dict[str, str] | None = None) -> list[float]:
     """Wall ms of n GETs of path on one kept-alive connection (cold_parts.py: /-/ready, the
     HTTP round trip without a refresh or a render)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
         body = resp.read()
         out.append((time.perf_counter() - t0) * 1000)
