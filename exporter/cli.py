@@ -253,8 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in FLAGS:
         help_text = f"{flag.help} [env {flag.env}]"
         if flag.boolean:
+            # a switch has no value to show, so say whether it is on unless given
             parser.add_argument(
-                f"--{flag.name}", dest=flag.dest, action=_BooleanFlag, help=help_text
+                f"--{flag.name}", dest=flag.dest, action=_BooleanFlag,
+                help=f"{help_text} (default {'on' if flag.default else 'off'})",
             )
         else:
             parser.add_argument(

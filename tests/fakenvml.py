@@ -19,7 +19,7 @@ re-reads it whenever it changes. Keys (all optional):
                                    rc.nvmlDeviceGetHandleByIndex_v2: lost at handle)
     gpu.<i>.delay_ms.<symbol>=<ms>, gpu.<i>.delay_us.<symbol>=<us> (symbol "all" as above)
 
-Health keys (issue 10; the contract is /work/briefs/keys.md), all per GPU as gpu.<i>.<key>.
+Health keys (issue 10; this list is their contract), all per GPU as gpu.<i>.<key>.
 Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios are unchanged:
 
     ecc=none|on|off                nvmlDeviceGetEccMode current 1/0 (none: NOT_SUPPORTED); the
@@ -85,7 +85,7 @@ Every feature answers NOT_SUPPORTED (3) until its keys are set, so old scenarios
                                    with the count, NOT_FOUND (6) when none is newer than lastSeen.
     xid_supported=0|1, global xid_events=<uuid>:<code>,...   event sets (fake_events.c)
 
-Process keys (issue 11; the contract is /work/briefs/issue11.md), per GPU as gpu.<i>.<key>.
+Process keys (issue 11; this list is their contract), per GPU as gpu.<i>.<key>.
 Without them every call answers as before:
 
     processes=pid:bytes,...        nvmlDevice{Compute,Graphics}RunningProcesses_v2/_v3, at most

@@ -103,8 +103,9 @@ def gpu_field(values: dict[str, Any], index: int, key: str) -> Any:
 
 
 # -- health boards (issue 10) -------------------------------------------------------------
-# Each preset is the scenario fragment of one GPU index (keys in tests/fakenvml.py). The
-# constants are the exact values, so tests assert against them rather than retyping numbers.
+# Each preset is the scenario fragment of one GPU index (its keys: tests/fakenvml.py's docstring,
+# answered by tests/fake_nvml/fake_nvml.c). The constants are the exact values, so tests
+# assert against them rather than retyping numbers.
 # A feature a board lacks is left unset on purpose: it then answers NOT_SUPPORTED.
 
 # field ids (nvml.h NVML_FI_DEV_*)

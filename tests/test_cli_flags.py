@@ -127,3 +127,20 @@ def test_a_boolean_flag_answers_through_the_real_cli():
     # the real entry point, not only parse_config: the value reaches the running exporter
     result = run_cli("--collector.processes=true", "--path.procfs=/nonexistent")
     one_line_exit_2(result, "not a procfs mount")  # processes is on, so the procfs check ran
+
+
+def test_help_says_whether_each_collector_is_on_by_default():
+    # issue 35 item 5: --help showed a default for every flag but the --[no-]collector.X
+    # switches, so nobody could tell from it that processes is off and the others on
+    from resmon_exporter.config import COLLECTORS
+
+    result = run_cli("--help", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())  # argparse wraps help lines
+    assert {c.default for c in COLLECTORS} == {True, False}, "both cases are checked"
+    for spec in COLLECTORS:
+        invocation = f"--collector.{spec.name}[=true|false], --no-collector.{spec.name} "
+        start = text.index(invocation) + len(invocation)
+        entry = text[start:text.index(" --", start)]  # up to the next flag
+        expected = "(default on)" if spec.default else "(default off)"
+        assert expected in entry, (spec.name, entry)

@@ -282,3 +282,14 @@ def test_the_memory_figures_of_readme_and_the_kubernetes_guide_are_one_run():
     theirs = {f for sentence in rss for f in figure.findall(sentence)}
     assert len(ours) >= 2 and theirs, (ours, theirs)
     assert theirs <= ours, f"docs/kubernetes.md quotes {sorted(theirs - ours)} MiB, README {sorted(ours)}"
+
+
+def test_no_file_points_at_a_path_outside_the_repository():
+    # issue 35 item 5: the fake's docstrings named the briefs of the machine the code was
+    # written on, which a clone does not have
+    outside = re.compile("/" + r"work/(?:briefs|shared|main)\b")
+    files = [*USER_DOCS, *(REPO / "tests").rglob("*.py"), *(REPO / "tests" / "fake_nvml").glob("*.[ch]"),
+             *(REPO / "examples").rglob("*"), *(EXPORTER.rglob("*.py"))]
+    found = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in files if path.is_file()
+             for match in outside.finditer(path.read_text(errors="replace"))]
+    assert not found, found
