@@ -255,3 +255,41 @@ def test_a_reload_keeps_verified_credentials_whose_hash_did_not_change(run_expor
     assert status(exporter, "/-/healthy", basic("alice", "pw")) == 401
     assert status(exporter, "/-/healthy", basic("alice", "new")) == 200
     assert "Traceback" not in exporter.stderr
+
+
+def test_a_reload_with_a_re_salted_hash_of_the_same_password_sends_no_scrape_to_429(run_exporter, machine, tmp_path):
+    # configuration tools hash the password anew on every run (a new salt): each reload
+    # changes the stored hash, so the password is checked again, but once for every scraper
+    # that sends it at the same time (the others wait for that check), never a 429
+    from resmon_exporter.http.server import BCRYPT_QUEUE
+
+    cfg = tmp_path / "web.yml"
+    write_config(cfg, f"basic_auth_users:\n  alice: '{hashed(b'pw', 12).decode()}'\n")
+    exporter = run_exporter(f"--web.config.file={cfg}", ready=False)
+    assert status(exporter, "/-/healthy", basic("alice", "pw")) == 200
+
+    n = BCRYPT_QUEUE * 3 + 2  # more scrapers at once than password checks may queue
+    for _ in range(3):
+        done = exporter.stderr.count("web config reloaded")
+        write_config(cfg, f"basic_auth_users:\n  alice: '{hashed(b'pw', 12).decode()}'\n")
+        exporter.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while exporter.stderr.count("web config reloaded") == done:
+            assert time.monotonic() < deadline, exporter.stderr
+            time.sleep(0.02)
+        gate = threading.Barrier(n)
+        codes: list[int] = []
+
+        def one() -> None:
+            gate.wait(10)
+            codes.append(status(exporter, "/-/healthy", basic("alice", "pw")))
+
+        threads = [threading.Thread(target=one) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(codes) == [200] * n, sorted(codes)
+    # the wrong password is still refused after the re-salted reloads
+    assert status(exporter, "/-/healthy", basic("alice", "wrong")) == 401
+    assert "Traceback" not in exporter.stderr

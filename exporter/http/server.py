@@ -17,7 +17,8 @@ What this module adds are the limits:
   read within the write timeout aborts the connection;
 - heads over 16 KiB get 431, bodies over 64 KiB 413;
 - basic auth's bcrypt runs on a few dedicated threads with a short queue (429 beyond);
-  repeated credentials are answered from the authenticator's caches on the loop;
+  repeated credentials are answered from the authenticator's caches on the loop, and
+  scrapes that send the same credentials while they are being checked wait for that one check;
 - at most max_requests scrapes of the telemetry path run at once (503 beyond); the other
   routes are answered on the loop (they cost nothing).
 
@@ -570,18 +571,25 @@ class HttpServer:
             return unauthorized
         known = auth.cached(*creds)
         if known is None:
-            if self._checks >= BCRYPT_QUEUE:
-                return plain(429, "429 too many password checks at once", (("Retry-After", "1"),))
-            self._checks += 1
+            # the same credentials already being checked: wait for that answer, no slot taken
+            flight = auth.in_flight(*creds)
+            owner = flight is None
+            if owner:
+                if self._checks >= BCRYPT_QUEUE:
+                    return plain(429, "429 too many password checks at once", (("Retry-After", "1"),))
+                self._checks += 1
             try:
-                loop = asyncio.get_running_loop()
-                known = await loop.run_in_executor(self._bcrypt, auth.verify, *creds)
+                if flight is None:
+                    flight = auth.submit(self._bcrypt, *creds)
+                # shielded: a client that leaves does not cancel the check others wait for
+                known = await asyncio.shield(asyncio.wrap_future(flight))
             except (RuntimeError, asyncio.CancelledError):
                 if not self._closing:
                     raise
                 return plain(503, "503 shutting down")  # a queued check dropped at shutdown
             finally:
-                self._checks -= 1
+                if owner:
+                    self._checks -= 1
         return None if known else unauthorized
 
     def _deadline(self, headers: tuple[tuple[str, str], ...]) -> float:

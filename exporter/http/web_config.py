@@ -20,6 +20,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -460,6 +461,10 @@ class Authenticator:
     bytes) is a plain "no". Recent successes and failures are cached by a hash of (user,
     password, stored hash), so a repeated wrong password costs no bcrypt; cached() answers
     from the caches only, verify() does the bcrypt work (callers bound its concurrency).
+    submit() runs verify() on an executor, one check per distinct credential at a time:
+    in_flight() hands a caller the check of the same (user, password, stored hash) that is
+    already queued or running, whose answer it waits for without a slot of its own (a reload
+    that re-salts a hash sends every scraper to bcrypt at once; they pay for one check).
     keep_from: the Authenticator of the config before a reload, whose verified successes
     are kept for every user whose stored hash did not change."""
 
@@ -471,6 +476,7 @@ class Authenticator:
         self._ok: OrderedDict[bytes, str] = OrderedDict()  # key -> the user it verified
         self._failed: OrderedDict[bytes, float] = OrderedDict()  # key -> expiry (monotonic)
         self._lock = threading.Lock()
+        self._flights: dict[bytes, Future[bool]] = {}  # key -> the check queued or running
         cost = max((bcrypt_cost(h) for h in users.values()), default=4)
         self._max_cost = cost
         self._slowest = 0.0  # seconds a check at the slowest cost took (the latest measured)
@@ -508,6 +514,32 @@ class Authenticator:
                     return False
                 del self._failed[key]
         return None
+
+    def in_flight(self, user: str, password: str) -> "Future[bool] | None":
+        """The check of these credentials that is queued or running, or None."""
+        key = self._key(user, password)
+        with self._lock:
+            return self._flights.get(key)
+
+    def submit(self, executor: Executor, user: str, password: str) -> "Future[bool]":
+        """verify() on the executor; the check already in flight for these credentials if
+        there is one. RuntimeError when the executor is shut down."""
+        key = self._key(user, password)
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                return flight
+            flight = self._flights[key] = executor.submit(self.verify, user, password)
+        # outside the lock: a check already done calls back at once, and the callback locks
+        flight.add_done_callback(lambda done: self._landed(key, done))
+        return flight
+
+    def _landed(self, key: bytes, flight: "Future[bool]") -> None:
+        # its answer is in the caches now (verify stored it before returning): later callers
+        # read it there, so the finished check leaves the table
+        with self._lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
 
     def verify(self, user: str, password: str) -> bool:
         """The bcrypt check (slow: callers run it off the event loop, a few at a time)."""
