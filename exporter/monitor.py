@@ -530,27 +530,34 @@ class ResourceMonitor:
             for p in rows
         ]
 
-    def can_load_model(self, model_size_gb: float) -> bool:
-        """Mai's rule: available RAM >= 1.5 x the model, and free VRAM on GPU 0 >= the model
-        when the host has a GPU. A GPU that is present but down, or a GPU read that failed
-        or timed out, is not "no GPU": the answer is then False."""
+    def can_load_model(self, model_size_gb: float, *, device: str = "gpu") -> bool:
+        """Does a model of this many GiB fit now? One rule (docs/api.md):
+
+        - always: available host RAM >= 1.5 x the size (loading stages the weights in RAM);
+        - device="gpu" (the default): and one GPU that is up has free VRAM >= the size (the
+          largest free VRAM of any single GPU: a model is not split across GPUs here). No
+          GPU, the GPU collector off, or a GPU read that failed or timed out: False, since
+          no GPU is known to fit. A GPU that reports no VRAM figures (unified memory) fits
+          when the RAM rule does;
+        - device="cpu": the RAM rule alone, for a model run on the CPU."""
+        if device not in ("gpu", "cpu"):
+            raise ValueError(f"device must be 'gpu' or 'cpu', not {device!r}")
         snap = self._open_snapshot()
         host = snap.host
         if host is None or host.memory_available_bytes / GIB < model_size_gb * 1.5:
             return False
+        if device == "cpu":
+            return True
         if self._reader is None:
-            return True  # GPU collector off: RAM alone, as asked
+            return False  # GPU collector off: no GPU is known
         status, reading = snap.gpu_status, snap.gpu
         if reading is None or status is None or not status.success:
             return False  # cannot see the GPUs right now
-        gpu = snap.gpu_by_index(0)
-        if gpu is None:
-            return not reading.devices  # no GPU at all; a GPU 0 that vanished is not "none"
-        if not gpu.up:
-            return False
-        if gpu.memory_free_bytes is None:
-            return True  # no VRAM figures (unified memory): RAM decides
-        return gpu.memory_free_bytes / GIB >= model_size_gb
+        return any(
+            gpu.memory_free_bytes is None or gpu.memory_free_bytes / GIB >= model_size_gb
+            for gpu in reading.devices
+            if gpu.up
+        )
 
     def is_system_overloaded(self) -> bool:
         res = self.get_current_resources()

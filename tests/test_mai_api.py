@@ -179,11 +179,38 @@ def test_can_load_model_at_the_vram_boundary(machine):
     assert m.can_load_model(8.5) is False  # RAM would do (30 >= 12.75), 8 GiB VRAM does not
 
 
-def test_no_gpu_means_ram_alone(machine):
+def test_no_gpu_cannot_load_on_a_gpu_and_the_cpu_rule_is_asked_for(machine):
+    # issue 35 item 5: can_load_model(7.0) was True on a host without a GPU while
+    # get_current_resources() said 0 free VRAM; RAM alone is now a question of its own
     m = machine(gib_kib(30))  # backend none: a host without GPUs
-    assert m.can_load_model(8.5) is True
-    assert m.can_load_model(20) is True  # 30 >= 30
-    assert m.can_load_model(20.1) is False
+    assert m.get_current_resources()["gpu_free_vram_gb"] == 0.0
+    assert m.can_load_model(7.0) is False
+    assert m.can_load_model(7.0, device="cpu") is True
+    assert m.can_load_model(20, device="cpu") is True  # 30 >= 1.5 x 20
+    assert m.can_load_model(20.1, device="cpu") is False
+
+
+def test_with_the_gpu_collector_off_only_the_cpu_rule_answers_true(machine):
+    m = machine(gib_kib(30), gpu=gpu0_with_free(8), collect_gpu=False)
+    assert m.can_load_model(1) is False  # no GPU read: none is known to fit
+    assert m.can_load_model(1, device="cpu") is True
+
+
+def test_the_model_fits_on_the_gpu_with_the_most_free_vram(machine):
+    two = {**gpu0_with_free(2), "count": 2, **{k.replace("gpu.0.", "gpu.1.", 1): v for k, v in gpu0_with_free(8).items()
+                                               if k.startswith("gpu.0.")}}
+    two["gpu.1.uuid"] = "GPU-0c1c7b8e-1d2e-4c47-9b5a-00000000000f"
+    two["gpu.1.pci_bus_id"] = "00000000:0F:00.0"
+    m = machine(gib_kib(30), gpu=two)
+    assert m.get_current_resources()["gpu_free_vram_gb"] == 2.0  # the nine keys stay GPU 0's
+    assert m.can_load_model(8) is True  # GPU 1 has 8 GiB free
+    assert m.can_load_model(8.5) is False  # no single GPU has 8.5 (together they have 10)
+
+
+def test_can_load_model_refuses_an_unknown_device(machine):
+    m = machine(gib_kib(30))
+    with pytest.raises(ValueError, match="device must be 'gpu' or 'cpu'"):
+        m.can_load_model(1, device="tpu")
 
 
 def test_a_gpu_that_is_down_is_not_no_gpu(machine):
