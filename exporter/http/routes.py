@@ -14,6 +14,7 @@ import gzip
 import html
 import re
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 from urllib.parse import parse_qs, unquote
@@ -175,25 +176,48 @@ def gzip_accepted(header: str | None) -> bool:
 
 
 class RenderCache:
-    """Rendered expositions of the current snapshot, one per format (text or OpenMetrics,
-    gzip or not) and collect[] selection. A scrape inside the cache window then costs a lookup instead of a render;
-    a new snapshot drops them all. The client library's process_* and python_* values are
-    therefore as old as the snapshot (at most --collect.cache-ttl)."""
+    """Rendered expositions of the current snapshot: one per format (text or OpenMetrics,
+    gzip or not) for the plain scrape, and the SELECTIONS most recently used collect[]
+    selections (of any format). A scrape inside the cache window then costs a lookup instead
+    of a render; a new snapshot drops them all. The client library's process_* and python_*
+    values are therefore as old as the snapshot (at most --collect.cache-ttl).
+
+    Bounded because a client may ask for every collect[] combination (2 x 2 x 511): one
+    body each grew RSS by 16-36 MiB within a cache window, and freed memory stays with the
+    process. A job with a collect[] of its own asks for the same selection every scrape and
+    stays among the recent ones."""
+
+    SELECTIONS = 8
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
-        self._bodies: dict[tuple[str, bool, frozenset[str] | None], bytes] = {}
+        self._plain: dict[tuple[str, bool, frozenset[str] | None], bytes] = {}  # at most 4
+        self._selected: OrderedDict[tuple[str, bool, frozenset[str] | None], bytes] = OrderedDict()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._plain) + len(self._selected)
 
     def get(self, snap: Snapshot, key: tuple[str, bool, frozenset[str] | None], render: Callable[[], bytes]) -> bytes:
         with self._lock:
-            if self._snap is snap and key in self._bodies:
-                return self._bodies[key]
+            if self._snap is snap:
+                body = self._plain.get(key) if key[2] is None else self._selected.get(key)
+                if body is not None:
+                    if key[2] is not None:
+                        self._selected.move_to_end(key)
+                    return body
         body = render()
         with self._lock:
             if self._snap is not snap:
-                self._snap, self._bodies = snap, {}
-            self._bodies[key] = body
+                self._snap, self._plain, self._selected = snap, {}, OrderedDict()
+            if key[2] is None:
+                self._plain[key] = body
+            else:
+                self._selected[key] = body
+                self._selected.move_to_end(key)
+                while len(self._selected) > self.SELECTIONS:
+                    self._selected.popitem(last=False)
         return body
 
 
