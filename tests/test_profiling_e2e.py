@@ -141,22 +141,28 @@ def test_a_reconfiguration_changes_the_series_and_never_diffs_two_instances(run_
     profiles = {**sc.MIG_PROFILES, (2, 0): "2g.20gb", (3, 0): "1g.10gb"}
     memory = {**sc.MIG_MEMORY, 2: (20 * 1024**3, 1024**3), 3: (10 * 1024**3, 0)}
     scenario.update(**{"gpu.0.mig_devices": sc.mig_slots(uuids, profiles, memory), "gpu.0.gi.2.gpm.2": 90, "gpu.0.gi.3.gpm.2": 10})
+    changed_at = time.time()  # the file is replaced: a read that starts from now sees the new layout
     seen = []
     new = {"gpu_instance_id": "2", **H100}
-    for _ in range(40):
+    deadline = time.monotonic() + 30  # the slow interval is 1 s; the deadline only bounds a failure
+    while True:
+        assert time.monotonic() < deadline, f"the new MIG layout was not served within 30 s: {seen}"
         s = exporter.scrape()
         mig_uuids = {l["mig_uuid"] for l, _ in s.series("resmon_gpu_mig_info")}
-        if uuids[(2, 0)] not in mig_uuids:
-            continue
-        assert mig_uuids == set(uuids.values())  # the destroyed device's series is gone, no restart
-        assert s.value("resmon_gpu_mig_memory_total_bytes", **new) == 20 * 1024**3
-        value = s.series("resmon_gpu_mig_sm_active_ratio", **new)
-        seen.append(value[0][1] if value else None)
-        assert seen[-1] in (None, 0.9), seen  # never a mix of the old instance and the new one
-        assert s.value("resmon_gpu_mig_sm_active_ratio", gpu_instance_id="1", **H100) == 0.7  # its window kept
-        if seen[-1] == 0.9 and s.has("resmon_gpu_mig_sm_active_ratio", gpu_instance_id="3", **H100):
-            break
-        time.sleep(0.25)
+        read_at = s.value("resmon_last_refresh_timestamp_seconds", collector="mig")
+        # the mig collector's time is when its oldest slow read began: one that began after the
+        # change must serve the new layout (a late read would pass a deadline, not this)
+        assert read_at < changed_at or uuids[(2, 0)] in mig_uuids, (read_at, changed_at, mig_uuids)
+        if uuids[(2, 0)] in mig_uuids:
+            assert mig_uuids == set(uuids.values())  # the destroyed device's series is gone, no restart
+            assert s.value("resmon_gpu_mig_memory_total_bytes", **new) == 20 * 1024**3
+            value = s.series("resmon_gpu_mig_sm_active_ratio", **new)
+            seen.append(value[0][1] if value else None)
+            assert seen[-1] in (None, 0.9), seen  # never a mix of the old instance and the new one
+            assert s.value("resmon_gpu_mig_sm_active_ratio", gpu_instance_id="1", **H100) == 0.7  # its window kept
+            if seen[-1] == 0.9 and s.has("resmon_gpu_mig_sm_active_ratio", gpu_instance_id="3", **H100):
+                break
+        time.sleep(0.1)
     assert seen and seen[0] is None and seen[-1] == 0.9, seen
     assert s.value("resmon_gpu_mig_sm_active_ratio", gpu_instance_id="3", **H100) == 0.1
     assert s.value("resmon_collector_success", collector="mig") == 1

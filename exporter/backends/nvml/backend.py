@@ -946,6 +946,7 @@ class NvmlBackend:
     def _read_values(self, key: str, identity: GpuIdentity, handle: Any, slow: bool) -> tuple[GpuSample, SlowPart | None]:
         """One GPU's values: the fast ones, and the slow ones when slow (else the last slow
         read's). Returns the sample and the slow part read now (None: served from before)."""
+        started = time.time()  # a slow part's time is when its read began: its values are no older
         cached = self._slow_parts.get(key)
         slow = slow or cached is None
         wanted = self._wanted  # a read whose every family is left out is not made (wanted.py)
@@ -987,7 +988,7 @@ class NvmlBackend:
         decoder = newest.get("decoder")
         if decoder is None and "decoder" in wanted:
             decoder = self._engine_percent(ask(key, "decoder", self._decoder, handle))
-        part = self._read_slow(key, handle, links, fields) if slow else cached
+        part = self._read_slow(key, handle, links, fields, started) if slow else cached
         assert part is not None
         replays = _first(fields, nvml_fields.PCIE_REPLAY_COUNTER)
         if replays is None and "pcie_replays" in wanted:
@@ -1070,8 +1071,9 @@ class NvmlBackend:
         answer = self._fields_of(key, handle, requests)
         return {} if answer is None else answer
 
-    def _read_slow(self, key: str, handle: Any, links: int, fields: Any) -> SlowPart:
-        """The slow values of one GPU (slow.py), read now."""
+    def _read_slow(self, key: str, handle: Any, links: int, fields: Any, started: float) -> SlowPart:
+        """The slow values of one GPU (slow.py), read now; started: when this GPU's read began
+        (the slow fields come in its field batch, before this)."""
         self._health.begin_slow()
         clock = time.perf_counter()
         health = self._health.health(key, handle, fields, self._wanted.reads) if self._options.health else None
@@ -1084,7 +1086,7 @@ class NvmlBackend:
         layout = self._read_mig_layout(key, handle)
         fan = _u32(self._fan(handle)) if "fan" in wanted else None
         return SlowPart(
-            read_at=time.time(),
+            read_at=started,
             fan_speed_ratio=fan / 100.0 if fan is not None else None,  # may exceed 1 (NVML docs)
             health=health,
             links=state,
