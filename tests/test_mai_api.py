@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -331,3 +335,53 @@ def test_close_does_not_wait_out_the_xid_watchers_wait_and_nvml_is_shut_down_aft
     assert symbols.count("nvmlShutdown") == 1, [s for s in symbols if "Shutdown" in s or "Init" in s or "EventSet" in s]
     last_wait = len(symbols) - 1 - symbols[::-1].index("nvmlEventSetWait_v2")
     assert last_wait < symbols.index("nvmlEventSetFree") < symbols.index("nvmlShutdown")
+
+
+# -- the example that serves the metrics from an application -----------------------------
+
+SERVING_EXAMPLE = REPO / "examples" / "serve_from_python.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int) -> tuple[int, str] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.status, response.read().decode()
+    except OSError:
+        return None  # not listening yet
+
+
+def test_the_serving_example_serves_until_ctrl_c(fake_libs, scenario, trace):
+    # issue 35 item 5: the README's start_http_server example ended as soon as it was run as
+    # a script (the server is a daemon thread); the example keeps serving until Ctrl-C
+    values = three_gpus()
+    scenario.write(values)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVING_EXAMPLE), f"--port={port}"], env=nvml_env(fake_libs["current"], scenario, trace),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        answer = None
+        while proc.poll() is None and time.monotonic() < deadline:
+            answer = _get(port)
+            if answer is not None and "resmon_gpu_memory_total_bytes" in answer[1]:
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the example exited ({proc.returncode}) instead of serving: {proc.communicate()}"
+        assert answer is not None and answer[0] == 200, answer
+        scrape = Scrape(answer[1])
+        assert scrape.value("resmon_gpu_memory_total_bytes", gpu="0", uuid=values["gpu.0.uuid"]) == values["gpu.0.memory_total"]
+        assert _get(port) is not None  # still serving after the scrape
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0 and "stopping on SIGINT" in out, (proc.returncode, out, err)
+        assert "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
