@@ -46,7 +46,12 @@ SKIPPING_SUITE = textwrap.dedent(
 MODULE_SKIP = 'import pytest\npytest.importorskip("no_such_module_resmon")\n\ndef test_never():\n    pass\n'
 
 
-def run_suite(tmp_path: Path, ci: str | None) -> tuple[int, str]:
+# scripts/test.sh runs the suites on pytest-xdist workers ("-p xdist -n 2": the plugin loads
+# even where pytest's plugin autoloading is off): a worker's skip must fail the run as well
+XDIST = ("-p", "xdist", "-n", "2")
+
+
+def run_suite(tmp_path: Path, ci: str | None, *args: str) -> tuple[int, str]:
     (tmp_path / "test_suite.py").write_text(SKIPPING_SUITE)
     (tmp_path / "test_module_skip.py").write_text(MODULE_SKIP)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the project's config
@@ -56,7 +61,7 @@ def run_suite(tmp_path: Path, ci: str | None) -> tuple[int, str]:
     env["PYTHONPATH"] = str(HERE)
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "ci_policy", "-p", "no:cacheprovider", "-q", "-rA",
-         "--continue-on-collection-errors", str(tmp_path)],
+         "--continue-on-collection-errors", *args, str(tmp_path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )
     return result.returncode, result.stdout + result.stderr
@@ -67,16 +72,18 @@ def counts(output: str) -> dict[str, int]:
     return {word.rstrip("s"): int(n) for n, word in re.findall(r"(\d+) (\w+)", summary)}  # "errors" -> "error"
 
 
-def test_without_ci_skips_stay_skips(tmp_path):
-    rc, out = run_suite(tmp_path, None)
+@pytest.mark.parametrize("workers", [(), XDIST], ids=["serial", "xdist"])
+def test_without_ci_skips_stay_skips(tmp_path, workers):
+    rc, out = run_suite(tmp_path, None, *workers)
     assert rc == 0, out
     assert counts(out) == {"passed": 1, "skipped": 5, "xfailed": 1}, out
     assert "forbids skips" not in out
 
 
 @pytest.mark.parametrize("value", ["true", "1"])
-def test_under_ci_every_skip_fails(tmp_path, value):
-    rc, out = run_suite(tmp_path, value)
+@pytest.mark.parametrize("workers", [(), XDIST], ids=["serial", "xdist"])
+def test_under_ci_every_skip_fails(tmp_path, value, workers):
+    rc, out = run_suite(tmp_path, value, *workers)
     assert rc == 1, out
     # skips in the test body fail; skips in setup (skipif, a fixture) and at collection (the
     # module-level importorskip) are errors; the xfail is untouched. Any of them fails the run.
