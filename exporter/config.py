@@ -61,12 +61,29 @@ def _pattern(flag: str, text: str) -> re.Pattern[str] | None:
         raise ValueError(f"invalid {flag} pattern {text!r}: {exc}") from None
 
 
+def type_line_name(name: str, kind: str) -> str:
+    """A family's name as the text format (0.0.4) writes it in its # TYPE line and samples, from
+    prometheus_client's stored name and type: it keeps a counter without _total (and an info
+    without _info) and adds the suffix when rendering."""
+    if kind == "counter":
+        return name + "_total"
+    if kind == "info":
+        return name + "_info"
+    return name
+
+
 @dataclass(frozen=True)
 class FamilyFilter:
     """--metrics.include / --metrics.exclude: regular expressions over family names, each
     matching the whole name (anchored, as Prometheus' relabel regexes are). A family is served
     where include is empty or matches it, and exclude is empty or does not; ALWAYS_SERVED
-    families are served regardless. A bad pattern is a ValueError (the CLI: exit 2)."""
+    families are served regardless. A bad pattern is a ValueError (the CLI: exit 2).
+
+    The name is the one the text format's # TYPE line and samples write, a counter's with
+    _total (resmon_gpu_energy_joules_total, process_cpu_seconds_total); a counter also answers
+    to its name without _total, OpenMetrics' # TYPE name: a pattern that matches either selects
+    it (issue 35). keeps() is the one matcher: the scrape, the client library's own families and
+    NVML's skipped reads (backends/nvml/wanted.py) all ask it."""
 
     include: str = ""
     exclude: str = ""
@@ -85,14 +102,22 @@ class FamilyFilter:
         return self._include is not None or self._exclude is not None
 
     def keeps(self, name: str) -> bool:
+        """name: as the text format's # TYPE line writes it (type_line_name). A name ending in
+        _total is a counter's (the contract puts _total on counters only, and prometheus_client
+        on every counter), so it is matched without _total as well."""
         known = self._memo.get(name)
         if known is None:
+            names = (name, name.removesuffix("_total")) if name.endswith("_total") else (name,)
             known = name in ALWAYS_SERVED or (
-                (self._include is None or self._include.fullmatch(name) is not None)
-                and (self._exclude is None or self._exclude.fullmatch(name) is None)
+                (self._include is None or any(self._include.fullmatch(n) is not None for n in names))
+                and (self._exclude is None or all(self._exclude.fullmatch(n) is None for n in names))
             )
             self._memo[name] = known  # a pure answer: concurrent writers write the same value
         return known
+
+    def keeps_family(self, name: str, kind: str) -> bool:
+        """keeps() for a prometheus_client family: its stored name and its type."""
+        return self.keeps(type_line_name(name, kind))
 
     def keeps_any(self, names: Iterable[str]) -> bool:
         return any(self.keeps(n) for n in names)

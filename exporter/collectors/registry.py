@@ -67,11 +67,11 @@ def snapshot_families(
     scrape = Scrape.of(snap, group_by, max_per_gpu)
     chosen = [r for r in REGISTRY if collectors is None or r.spec.name in collectors]
     statuses = [(r.spec.name, s) for r in chosen if (s := r.status(scrape)) is not None]
-    keeps = metrics.keeps if metrics is not None and metrics.active else None
+    keeps = metrics.keeps_family if metrics is not None and metrics.active else None
     # the collectors, then the exporter's own families (served on every scrape)
     for families in (*(r.serve(scrape) for r in chosen), status.families(scrape, statuses)):
         for family in families:
-            if (family.samples or family.name in DECLARED_WHEN_EMPTY) and (keeps is None or keeps(family.name)):
+            if (family.samples or family.name in DECLARED_WHEN_EMPTY) and (keeps is None or keeps(family.name, family.type)):
                 yield family
 
 

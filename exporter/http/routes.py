@@ -230,12 +230,13 @@ class PinnedExposition:
     defaults: tuple[Collector, ...]
     families: tuple[Metric, ...]
     names: frozenset[str] | None = None
-    keeps: Callable[[str], bool] | None = None  # --metrics.include/exclude over the defaults' families
+    # --metrics.include/exclude over the defaults' families: FamilyFilter.keeps_family(name, type)
+    keeps: Callable[[str, str], bool] | None = None
 
     def _all(self) -> Iterator[Metric]:
         for collector in self.defaults:
             for metric in collector.collect():
-                if self.keeps is None or self.keeps(metric.name):
+                if self.keeps is None or self.keeps(metric.name, metric.type):
                     yield metric
         yield from self.families
 
@@ -269,7 +270,7 @@ class Router:
         self._landing = landing_page(telemetry_path)
         options = getattr(monitor, "options", None)
         metrics: FamilyFilter | None = getattr(options, "metrics", None)
-        self._keeps = metrics.keeps if metrics is not None and metrics.active else None
+        self._keeps = metrics.keeps_family if metrics is not None and metrics.active else None
         enabled = getattr(options, "collectors", None)
         self._enabled = frozenset(COLLECTOR_NAMES if enabled is None else enabled)
         self._routes = {

@@ -5,7 +5,9 @@ made, so an excluded family costs no NVML call where no other family needs that 
 collector read along with the GPUs (health, nvlink, profiling, mig, processes, xid) whose
 every family is left out is not run at all, as if its --no-collector.X flag were given (and
 so has no status series). tests/test_metrics_filter.py checks these names against the
-collectors' families.
+collectors' families. The names are as the text format's # TYPE lines write them (a counter's
+with _total), and FamilyFilter.keeps, the one matcher the scrape uses too, decides on them: a
+read is skipped exactly when its families are not served.
 """
 
 from __future__ import annotations
