@@ -1,4 +1,4 @@
-# resmon-exporter image: slim Python, a non-root user, the exporter and the extras named by
+# resmon-exporter image: slim Python, a non-root uid, the exporter and the extras named by
 # EXTRAS. Build it from the repository root with the tag the manifests pull
 # (docs/kubernetes.md, "Image": `docker build -t <registry>/resmon-exporter:<version> .`, or
 # `podman build`). The build reads this repository only: the exporter is installed from the
@@ -45,13 +45,15 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 # ".[a,b]", or "." where EXTRAS is empty
-RUN pip install ".${EXTRAS:+[$EXTRAS]}" && rm -rf /src \
-    && groupadd --system --gid 10001 resmon \
-    && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin resmon
+RUN pip install ".${EXTRAS:+[$EXTRAS]}" && rm -rf /src
 
-# uid and gid 10001, as the non-root Kubernetes component runs it; numeric, so Kubernetes'
-# runAsNonRoot can check it
-USER 10001:10001
+# uid and gid 65532 (distroless' "nonroot"), as the non-root Kubernetes component runs it;
+# numeric, so Kubernetes' runAsNonRoot can check it. Deliberately without an /etc/passwd
+# entry and outside the uids hosts give people (1000-60000, LDAP from 10000) and system
+# accounts: the `user` label of process series is looked up in the container's passwd, and
+# an account of ours there named every host process of that uid (10001 was one) after us.
+# Host user names appear only when the host's passwd (or NSS) is mounted (docs/metrics.md).
+USER 65532:65532
 WORKDIR /
 # the CLI's default listen address (:9636); no CMD: flags given to `docker run` or the
 # manifests' args are the exporter's own

@@ -1,5 +1,6 @@
 """The Dockerfile and .dockerignore, checked statically (no Docker engine here, nor in CI):
-a base pinned by digest, a numeric non-root USER, no HEALTHCHECK (Kubernetes probes
+a base pinned by digest, a numeric non-root USER that is the non-root component's, outside the
+uids that name system accounts or people and without a passwd entry, no HEALTHCHECK (Kubernetes probes
 /-/healthy and /-/ready), the kubernetes extra by default and the gpu-tracker one off, EXPOSE
 equal to the CLI's default port, the console script as the entrypoint, and a build context
 that holds what COPY takes and none of the test script's venvs. Each check is also run on a
@@ -53,11 +54,24 @@ def declared_extras() -> set[str]:
     return set(DIST.metadata.get_all("Provides-Extra") or ())
 
 
-def non_root_uid() -> int:
+def non_root_id(field: str = "runAsUser") -> int:
     patches = yaml.safe_load(NON_ROOT.read_text())["patches"]
     text = "\n".join(p["patch"] for p in patches)
-    [uid] = set(re.findall(r"path: /spec/template/spec/securityContext/runAsUser\n\s+value: (\d+)", text))
+    [uid] = set(re.findall(rf"path: /spec/template/spec/securityContext/{field}\n\s+value: (\d+)", text))
     return int(uid)
+
+
+def non_root_uid() -> int:
+    return non_root_id("runAsUser")
+
+
+# uids that name someone else: Debian's static system accounts and the ones adduser hands out
+# inside the base (0-999), nobody (65534), and the ranges hosts give people, locally (1000-60000,
+# login.defs) or from LDAP/SSSD (which commonly start at 10000): the image's uid shows up as a
+# user name wherever the image's /etc/passwd names it, so it must be in none of them
+TAKEN_UIDS = (range(0, 1000), range(1000, 60001), range(65534, 65536))
+# what would give the image's uid a passwd entry (and so a name on host processes with that uid)
+_MAKES_USER = re.compile(r"\b(useradd|adduser|groupadd|addgroup|usermod)\b|/etc/passwd|/etc/group")
 
 
 def dockerfile_problems(text: str) -> list[str]:
@@ -71,10 +85,19 @@ def dockerfile_problems(text: str) -> list[str]:
     if "crane digest" not in text and "imagetools inspect" not in text:
         problems.append("no comment on how to update the base's digest")
     users = [value for kind, value in steps if kind == "USER"]
-    if not users or not re.fullmatch(r"\d+(:\d+)?", users[-1]) or int(users[-1].split(":")[0]) == 0:
-        problems.append(f"last USER is not a numeric non-root uid: {users}")  # runAsNonRoot can check only a number
-    elif int(users[-1].split(":")[0]) != non_root_uid():
-        problems.append(f"USER {users[-1]} is not the non-root component's runAsUser {non_root_uid()}")
+    if not users or not re.fullmatch(r"\d+:\d+", users[-1]) or int(users[-1].split(":")[0]) == 0:
+        problems.append(f"last USER is not a numeric non-root uid:gid: {users}")  # runAsNonRoot can check only a number
+    else:
+        uid, gid = (int(n) for n in users[-1].split(":"))
+        if uid != non_root_uid() or gid != non_root_id("runAsGroup"):
+            problems.append(f"USER {users[-1]} is not the non-root component's runAsUser:runAsGroup "
+                            f"{non_root_uid()}:{non_root_id('runAsGroup')}")
+        if any(uid in taken for taken in TAKEN_UIDS):
+            problems.append(f"USER {users[-1]}: uid {uid} is in a range that names system accounts or people")
+    makes = [value for kind, value in steps if kind == "RUN" and _MAKES_USER.search(value)]
+    if makes:
+        # the image's /etc/passwd would name host processes of that uid (docs/metrics.md, "user")
+        problems.append(f"a RUN gives a passwd or group entry: {makes}")
     if "HEALTHCHECK" in kinds:
         problems.append("HEALTHCHECK: Kubernetes ignores it and it fixes port and scheme")
     args = dict(value.split("=", 1) for kind, value in steps if kind == "ARG" and "=" in value)
@@ -122,8 +145,14 @@ def _sub(text: str, old: str, new: str) -> str:
     (r"crane digest", "crane", None),  # the other way is still named: no problem
     (r"^USER .*", "USER root", "numeric non-root"),
     (r"^USER .*", "USER 0:0", "numeric non-root"),
-    (r"^USER .*", "USER 1000:1000", "runAsUser"),
+    (r"^USER .*", "USER 65533:65533", "runAsUser"),
+    (r"^USER .*", "USER 1000:1000", "names system accounts or people"),
+    (r"^USER .*", "USER 10001:10001", "names system accounts or people"),
+    (r"^USER .*", "USER 65534:65534", "names system accounts or people"),
+    (r"^USER (\d+):\d+", r"USER \1", "numeric non-root uid:gid"),
     (r"^USER .*\n", "", "numeric non-root"),
+    (r"^(RUN pip install .*)", r"\1 && useradd --system --uid 65532 resmon", "passwd or group entry"),
+    (r"^(RUN pip install .*)", r"\1 && echo 'resmon:x:65532:65532::/:/bin/false' >> /etc/passwd", "passwd or group entry"),
     (r"^EXPOSE .*", "EXPOSE 9636\nHEALTHCHECK CMD python -c 'import urllib.request'", "HEALTHCHECK"),
     (r"^ARG EXTRAS=.*", "ARG EXTRAS=kubernetes,gpu-tracker", "gpu-tracker"),
     (r"^ARG EXTRAS=.*", "ARG EXTRAS=", "lacks kubernetes"),

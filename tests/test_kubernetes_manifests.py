@@ -525,7 +525,7 @@ def test_resources(built: dict[str, list[dict[str, Any]]], build: str) -> None:
 def test_pod_resources_directory_is_mounted_read_only(built: dict[str, list[dict[str, Any]]], build: str) -> None:
     cfg = config(built, build)
     if "non-root" in MADE_OF[build]:
-        assert cfg.collector_kubernetes is False  # uid 10001 cannot connect: off, and no mount
+        assert cfg.collector_kubernetes is False  # a uid other than 0 cannot connect: off, and no mount
         assert all(v.get("hostPath") is None for _, v in mounts(built, build).values())
         assert all("hostPath" not in v for v in pod_spec(built, build)["volumes"])
         return
@@ -571,7 +571,7 @@ def test_security_context(built: dict[str, list[dict[str, Any]]], build: str) ->
     assert ctr["readOnlyRootFilesystem"] is True
     # what the container runs as: a container's own runAsUser would override the pod's
     if "non-root" in made_of:
-        assert effective_identity(built, build) == (10001, 10001, True)
+        assert effective_identity(built, build) == (65532, 65532, True)  # the image's USER (tests/test_image.py)
     else:
         assert effective_identity(built, build) == (0, 0, False), "uid 0 is needed for the kubelet socket"
     if "privileged" in made_of:
