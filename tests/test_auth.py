@@ -95,6 +95,31 @@ def test_repeated_wrong_password_costs_no_bcrypt():
     assert again < first / 20 and unknown_again < first / 20, (first, again, unknown_again)
 
 
+def test_one_check_runs_for_credentials_already_being_checked():
+    from concurrent.futures import ThreadPoolExecutor
+
+    auth = Authenticator({"alice": hashed(b"pw", 4)})
+    release = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        pool.submit(release.wait, 30)  # holds the one worker: the checks below stay queued
+        first = auth.submit(pool, "alice", "pw")
+        assert auth.in_flight("alice", "pw") is first
+        assert auth.submit(pool, "alice", "pw") is first  # the same check, not a second one
+        other = auth.submit(pool, "alice", "wrong")  # other credentials: a check of their own
+        assert other is not first and auth.in_flight("alice", "wrong") is other
+        release.set()
+        assert first.result(30) is True and other.result(30) is False
+        deadline = time.monotonic() + 10  # the done callbacks run on the worker, after result()
+        while auth.in_flight("alice", "pw") is not None or auth.in_flight("alice", "wrong") is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert auth.cached("alice", "pw") is True and auth.cached("alice", "wrong") is False
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+
+
 # -- floods ------------------------------------------------------------------------------------
 
 
