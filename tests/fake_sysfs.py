@@ -204,6 +204,13 @@ class FakeSysfs:
         else:
             self.write(self.device_dir(pci) / name, text)
 
+    def renumber_hwmon(self, pci: str, index: int) -> None:
+        """The driver was reloaded: the card's hwmon directory comes back under another number."""
+        board = self.boards[pci]
+        hwmon = self.device_dir(pci) / "hwmon"
+        os.rename(hwmon / f"hwmon{board.hwmon_index}", hwmon / f"hwmon{index}")
+        board.hwmon_index = index
+
     def remove(self, pci: str) -> None:
         """The card is unplugged: its class links and its device directory go."""
         board = self.boards[pci]

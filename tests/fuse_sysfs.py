@@ -6,7 +6,8 @@ with an errno, or by blocking (a hung SMU). libfuse3 (Debian fuse3) through mfus
 
 RULES is a JSON file, re-read when it changes: {"<path relative to SOURCE>": rule}, rule
 {"errno": "EPERM"} (the open succeeds, read() fails, as sysfs show() errors do), or
-{"hang": true} (read() blocks until the rule is removed). Every read is logged to LOG as
+{"hang": true} (read() blocks until the rule is removed; on a directory, its listing does, as
+a hung sysfs or 9p/FUSE mount can block the /sys/class/drm listing). Every read is logged to LOG as
 "<path>" (one line per read call, so a test can count them). Files report 4096 bytes as
 sysfs attributes do; caching is off (direct_io, zero timeouts), as values change.
 """
@@ -60,7 +61,17 @@ class Sysfs(fuse.Operations):
         return out
 
     def readdir(self, path: str, fh: int) -> list[str]:
+        self._hold(path.lstrip("/"))
         return [".", "..", *os.listdir(self._real(path))]
+
+    def _hold(self, rel: str) -> dict | None:
+        """Blocks while rel has a hang rule (at most 120 s); its rule after that."""
+        deadline = time.monotonic() + 120
+        while True:
+            rule = self.rules().get(rel)
+            if rule is None or not rule.get("hang") or time.monotonic() > deadline:
+                return rule
+            time.sleep(0.02)
 
     def readlink(self, path: str) -> str:
         return os.readlink(self._real(path))
@@ -74,12 +85,7 @@ class Sysfs(fuse.Operations):
         rel = path.lstrip("/")
         with self._lock, open(self.log_path, "a") as log:
             log.write(rel + "\n")
-        deadline = time.monotonic() + 120
-        while True:
-            rule = self.rules().get(rel)
-            if rule is None or not rule.get("hang") or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        rule = self._hold(rel)
         if rule is not None and "errno" in rule:
             raise fuse.FuseOSError(getattr(errno, rule["errno"]))
         with open(self._real(path), "rb") as f:

@@ -54,9 +54,11 @@ class FuseTree:
         path = d / "hwmon" / f"hwmon{board.hwmon_index}" / name[6:] if name.startswith("hwmon:") else d / name
         return str(path.relative_to(self.tree.root))
 
-    def rules(self, rules: dict[tuple[str, str], dict]) -> None:
+    def rules(self, rules: dict[tuple[str, str], dict], paths: dict[str, dict] | None = None) -> None:
+        """rules by (card, file); paths: more, by path under the tree's root ("class/drm")."""
         tmp = self.rules_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({self.rel(pci, name): rule for (pci, name), rule in rules.items()}))
+        by_path = {self.rel(pci, name): rule for (pci, name), rule in rules.items()}
+        tmp.write_text(json.dumps({**by_path, **(paths or {})}))
         os.replace(tmp, self.rules_path)
 
     def reads(self, pci: str, name: str) -> int:

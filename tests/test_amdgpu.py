@@ -21,7 +21,7 @@ from resmon_exporter.backends import BackendError, GpuOptions, make_backend
 from resmon_exporter.backends.amdgpu.sysfs import AmdgpuBackend, find_cards
 from resmon_exporter.samples import GpuReading
 from fake_fdinfo import CONTAINER_PID_NS, HOST_PID_NS, FakeProc, amdgpu_client
-from fake_sysfs import GIB, MIB, FakeSysfs, apu, rx7900, standard
+from fake_sysfs import GIB, MIB, FakeSysfs, apu, mi300x, rx7900, standard
 from fuse_tree import FuseTree, bounded, mounted
 
 HERE = Path(__file__).parent
@@ -267,6 +267,62 @@ def test_a_card_vanishing_mid_read_is_down(tree, monkeypatch):
     assert not got[RX].up and got[MI].up
 
 
+def test_a_hwmon_renumbered_by_a_driver_reload_is_found_again_and_logged(tree, log):
+    logger, records = log
+    b = AmdgpuBackend(logger, str(tree.root), GpuOptions(), ids_file="/nonexistent/amdgpu.ids")
+    assert by_pci(b.read())[RX].temperature_celsius == 61.0
+    tree.renumber_hwmon(RX, 9)  # a driver reload on a multi-GPU host: hwmon3 comes back as hwmon9
+    for _ in range(2):
+        rx = by_pci(b.read())[RX]
+        assert (rx.temperature_celsius, rx.power_watts, rx.power_limit_watts) == (61.0, 287.0, 355.0)
+        assert rx.fan_speed_ratio == 102 / 255 and rx.junction_temperature_celsius == 75.0
+    moved = [r for r in records.records if r.getMessage() == "AMD GPU hwmon moved; reading it from its new directory"]
+    assert len(moved) == 1 and moved[0].resmon_fields["hwmon"].endswith("hwmon9")  # type: ignore[attr-defined]
+
+
+def test_departed_cards_follow_the_nvml_backends_rule():
+    from resmon_exporter.backends.drm import tracker
+    from resmon_exporter.backends.nvml import backend as nvml
+
+    assert (tracker.DEPARTED_SECONDS, tracker.DEPARTED_PER_GPU) == (nvml.DEPARTED_SECONDS, nvml.DEPARTED_PER_GPU)
+
+
+def test_replugs_at_new_addresses_do_not_grow_the_series_beyond_the_bound(tree, log):
+    from resmon_exporter.backends.drm.tracker import DEPARTED_PER_GPU
+
+    logger, records = log
+    b = AmdgpuBackend(logger, str(tree.root), GpuOptions(), ids_file="/nonexistent/amdgpu.ids", forget_after=3600.0)
+    assert len(b.read().devices) == 2
+    pci = MI
+    for i in range(50):  # the MI300X replugged 50 times, each time at a new PCI address
+        tree.remove(pci)
+        pci = f"0000:{0x40 + i:02x}:00.0"
+        tree.add(mi300x(pci=pci, card=100 + i, gpu_id=5000 + i))
+        reading = b.read()
+        assert len(reading.devices) <= 2 + DEPARTED_PER_GPU * 2, len(reading.devices)
+    got = by_pci(reading)
+    assert len(got) == 2 + DEPARTED_PER_GPU * 2 and got[RX].up and got[RX].identity.index == 0 and got[pci].up
+    assert sum(d.up for d in reading.devices) == 2
+    assert len(b._cards._index) == len(got)  # type: ignore[attr-defined]  # nothing else kept of the forgotten ones
+    dropped = [r for r in records.records if r.getMessage() == "AMD GPU gone for long; its series are dropped"]
+    assert len(dropped) == 50 - DEPARTED_PER_GPU * 2
+
+
+def test_a_departed_card_is_dropped_after_the_time_bound(tree, log):
+    logger, records = log
+    b = AmdgpuBackend(logger, str(tree.root), GpuOptions(), ids_file="/nonexistent/amdgpu.ids", forget_after=0.3)
+    b.read()
+    tree.remove(MI)
+    assert not by_pci(b.read())[MI].up  # down under its index for a while
+    deadline = time.monotonic() + 20
+    while MI in by_pci(reading := b.read()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(by_pci(reading)) == [RX] and reading.device_count == 1
+    assert "AMD GPU gone for long; its series are dropped" in records.messages()
+    tree.add(mi300x())  # back after it was forgotten: a new card, the next index
+    assert by_pci(b.read())[MI].up and by_pci(b.read())[MI].identity.index == 2
+
+
 def test_no_drm_class_fails_the_read_and_keeps_the_cards_down(tree):
     b = backend(tree.root)
     b.read()
@@ -498,20 +554,30 @@ def test_kernel_errnos_are_absent_values_and_enodev_is_a_card_down(fuse_tree, lo
     assert ft.reads(MI, "unique_id") == 1 and "AMD GPU answers again" in records.messages()
 
 
-def test_a_blocked_read_is_bounded_by_the_collect_timeout_without_pile_up(fuse_tree):
+def test_a_blocked_sensor_file_downs_only_its_card_within_the_deadline(fuse_tree):
     ft = fuse_tree
     monitor = ResourceMonitor(gpu_backend="amdgpu", sysfs=str(ft.mount), collect_timeout=1.0, cache_ttl=0,
                               collect_kubernetes=False, collect_host=False)
     try:
         assert [g["up"] for g in monitor.get_gpus()] == [True, True]
         ft.rules({(RX, "gpu_busy_percent"): {"hang": True}})  # a hung SMU
-        hung = monitor.snapshot()  # the read blocks on the GPU worker thread (120 s): this one returns
-        assert not hung.gpu_status.success and [d.up for d in hung.gpu.devices] == [False, False]
-        for _ in range(3):
+        deadline = time.monotonic() + 20
+        while True:  # the first refresh waits for the card up to its limit; a late one may serve the last reading
+            started = time.monotonic()
+            snap = monitor.snapshot()  # the scrape's deadline: --collect.timeout
+            elapsed = time.monotonic() - started
+            assert elapsed < 1.0 + 0.25, elapsed
+            if not by_pci(snap.gpu)[RX].up or time.monotonic() > deadline:
+                break
+        got = by_pci(snap.gpu)
+        assert not got[RX].up and got[RX].identity.uuid == RX_UUID  # down alone, under its identity
+        assert got[MI].up and got[MI].utilization_ratio == 1.0 and got[MI].power_watts == 612.0
+        assert not snap.gpu_status.success  # a card not read: the collector did not succeed
+        for _ in range(3):  # while the read hangs: the others fresh, no second read of the hung card
             again = monitor.snapshot()
-            assert not again.gpu_status.success
+            assert [d.up for d in again.gpu.devices] == [False, True] and not again.gpu_status.success
         assert ft.reads(RX, "gpu_busy_percent") == 2  # the first read, and the one hung read: no pile-up
-        ft.rules({})  # the GPU answers again: the late read is used, then fresh ones
+        ft.rules({})  # the GPU answers again: read afresh
         deadline = time.monotonic() + 20
         while not monitor.snapshot().gpu_status.success and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -519,6 +585,30 @@ def test_a_blocked_read_is_bounded_by_the_collect_timeout_without_pile_up(fuse_t
         assert snap.gpu_status.success and [d.up for d in snap.gpu.devices] == [True, True]
     finally:
         monitor.close(drain=5.0)
+
+
+def test_a_blocked_drm_listing_keeps_the_previous_cards_and_reads_them(fuse_tree, log):
+    ft = fuse_tree
+    logger, records = log
+    b = AmdgpuBackend(logger, str(ft.mount), GpuOptions(), ids_file="/nonexistent/amdgpu.ids", device_timeout=1.0)
+    assert bounded(b.read).success
+    ft.rules({}, paths={"class/drm": {"hang": True}})  # the listing of /sys/class/drm blocks
+    started = time.monotonic()
+    reading = bounded(b.read, timeout=10)
+    assert time.monotonic() - started < 1.0
+    got = by_pci(reading)
+    assert got[RX].up and got[MI].up and got[MI].utilization_ratio == 1.0  # the card set of the last listing
+    assert reading.device_count == 2 and not reading.success
+    started = time.monotonic()
+    assert [d.up for d in bounded(b.read, timeout=10).devices] == [True, True]
+    assert time.monotonic() - started < 0.5  # the listing in flight is not waited for again, nor started again
+    assert records.messages().count("listing /sys/class/drm is in flight; keeping the cards of the last listing") == 1
+    ft.rules({})
+    deadline = time.monotonic() + 20
+    while not bounded(b.read).success and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bounded(b.read).success and "listing /sys/class/drm answers again" in records.messages()
+    b.close()
 
 
 def test_devices_counts_enumerated_cards_a_card_answering_enodev_included(fuse_tree, log):

@@ -37,12 +37,12 @@ def make_backend(
         from .amdgpu.sysfs import explicit_backend as amdgpu_backend
 
         sysfs = (options or GpuOptions()).sysfs
-        return bounded(lambda: amdgpu_backend(log, sysfs, options), timeout, "--gpu.backend=amdgpu: finding cards")
+        return bounded(lambda: amdgpu_backend(log, sysfs, options, timeout), timeout, "--gpu.backend=amdgpu: finding cards")
     if choice == "intel":
         from .intel.backend import explicit_backend as intel_backend
 
         sysfs = (options or GpuOptions()).sysfs
-        return bounded(lambda: intel_backend(log, sysfs, options), timeout, "--gpu.backend=intel: finding cards")
+        return bounded(lambda: intel_backend(log, sysfs, options, timeout), timeout, "--gpu.backend=intel: finding cards")
     if choice == "gpu-tracker":
         from .gpu_tracker.backend import explicit_backend
 

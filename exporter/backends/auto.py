@@ -44,8 +44,8 @@ class AutoBackend:
 
     @property
     def device_deadlines(self) -> bool:
-        """NVML bounds each GPU's read itself; the fallbacks are bounded as one read."""
-        return self._nvml_final
+        """NVML, amdgpu and intel bound each GPU's read themselves; gpu-tracker is bounded as one read."""
+        return self._nvml_final or bool(getattr(self._fallback, "device_deadlines", False))
 
     def prepare(self) -> None:
         # the choice, with its slow parts (nvmlInit, bare nvidia-smi / amd-smi probes), is
@@ -77,13 +77,13 @@ class AutoBackend:
         skipped = [f"nvml: {self._nvml.last_error or 'no GPU'}"]
         cards = find_cards(self._options.sysfs)
         if cards:
-            self._fallback = AmdgpuBackend(self._log, self._options.sysfs, self._options)
+            self._fallback = AmdgpuBackend(self._log, self._options.sysfs, self._options, device_timeout=self._timeout)
             self._announce("amdgpu", f"{len(cards)} amdgpu card(s) in {self._options.sysfs}/class/drm", skipped)
             return self._fallback
         skipped.append("amdgpu: no amdgpu card")
         intel = find_intel_cards(self._options.sysfs)
         if intel:
-            self._fallback = IntelBackend(self._log, self._options.sysfs, self._options)
+            self._fallback = IntelBackend(self._log, self._options.sysfs, self._options, device_timeout=self._timeout)
             self._announce("intel", f"{len(intel)} xe/i915 card(s) in {self._options.sysfs}/class/drm", skipped)
             return self._fallback
         skipped.append("intel: no xe or i915 card")
@@ -120,6 +120,8 @@ class AutoBackend:
 
     def close(self) -> None:
         self._nvml.close()
+        if self._fallback is not None:
+            self._fallback.close()  # amdgpu and intel: their card readers end
 
     def wait_released(self, timeout: float) -> bool:
         return self._nvml.wait_released(timeout)

@@ -9,8 +9,12 @@ backend. Per card, identity (uuid, name, PCI
 address, max clocks, which attribute files the board has) is read once, when the card
 appears (and again when it comes back after leaving /sys/class/drm); each refresh then
 reads only the value files the board has. Every read goes through drm/errors.py, the one
-place sysfs errors are classified. The refresh runs on the monitor's GPU worker thread,
-so a read that blocks on a hung GPU is bounded by --collect.timeout as a hung NVML call is.
+place sysfs errors are classified. Each card is identified and read on a reader thread of
+its own (drm/readers.py), bounded by --collect.timeout a little less: a card whose read blocks
+(a hung SMU) is down alone while the others report, as a hung NVML GPU is; the /sys/class/drm
+listing runs on its own reader too (drm/cards.py Listing: one that blocks keeps the last
+listing's cards). A hwmon directory that vanished (a driver reload renumbers hwmon) is looked
+for again. Cards that left are forgotten as NVML's departed GPUs are (drm/tracker.py).
 
 Processes come from the KFD proc directory (/sys/class/kfd/kfd/proc/<pid>/vram_<gpu_id>),
 which lists host PIDs whatever PID namespace the exporter runs in. With --collector.processes
@@ -25,6 +29,7 @@ import logging
 import os
 import platform
 import re
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from os.path import join
@@ -33,11 +38,13 @@ from typing import Callable
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import GpuOptions
 from ..drm import errors as sysfs
-from ..drm.cards import Card
+from ...logs import fields
+from ..drm.cards import Card, Listing
 from ..drm.cards import find_cards as drm_cards
 from ..drm.cards import require_cards
 from ..drm.fdinfo import DeviceUsage, DrmUsage
-from ..drm.tracker import CardTracker
+from ..drm.readers import device_limit
+from ..drm.tracker import DEPARTED_SECONDS, CardTracker
 
 AMDGPU_IDS = "/usr/share/libdrm/amdgpu.ids"  # Debian's libdrm-common: "device, revision, name"
 _DRIVERS = frozenset({"amdgpu"})
@@ -92,17 +99,21 @@ def load_ids(path: str) -> dict[tuple[str, str], str]:
 
 class AmdgpuBackend:
     name = "amdgpu"
+    device_deadlines = True  # read() itself bounds each card (see ResourceMonitor)
 
     def __init__(
         self, log: logging.Logger, sysfs_root: str = "/sys", options: GpuOptions | None = None, ids_file: str = AMDGPU_IDS,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, device_timeout: float = 5.0, forget_after: float = DEPARTED_SECONDS,
     ) -> None:
         self._log = log
         self._root = sysfs_root
         self._options = options or GpuOptions()
         self._ids_file = ids_file
         self._ids: dict[tuple[str, str], str] | None = None  # loaded when a card needs a name
-        self._cards: CardTracker[_State] = CardTracker(log, "AMD", self._identify)
+        self._ids_lock = threading.Lock()  # cards are identified on their own readers
+        self._limit = device_limit(device_timeout)  # how long a refresh waits for a card
+        self._listing = Listing(log, sysfs_root, _DRIVERS)
+        self._cards: CardTracker[_State] = CardTracker(log, "AMD", self._identify, forget_after=forget_after)
         self._kfd_proc = join(sysfs_root, "class", "kfd", "kfd", "proc")
         self._kfd_nodes = join(sysfs_root, "class", "kfd", "kfd", "topology", "nodes")
         self._topology: dict[_PciKey, tuple[int, ...]] = {}  # card -> KFD gpu_ids (several when partitioned)
@@ -118,7 +129,8 @@ class AmdgpuBackend:
         pass  # nothing slow: discovery is a directory listing
 
     def close(self) -> None:
-        pass
+        self._cards.close()
+        self._listing.close()
 
     # -- identity, once per card --------------------------------------------------------
 
@@ -137,8 +149,9 @@ class AmdgpuBackend:
         device = pci_id.partition(":")[2]
         revision = sysfs.read(join(card.device_dir, "revision"), card.device_dir) or ""
         revision = revision.lower().removeprefix("0x").upper().zfill(2)
-        if self._ids is None:
-            self._ids = load_ids(self._ids_file)
+        with self._ids_lock:
+            if self._ids is None:
+                self._ids = load_ids(self._ids_file)
         return self._ids.get((device, revision)) or f"AMD GPU [{pci_id.lower() or 'unknown'}]"
 
     def _hwmon(self, device_dir: str) -> str | None:
@@ -148,6 +161,20 @@ class AmdgpuBackend:
             if sysfs.read(join(path, "name"), device_dir) == "amdgpu":
                 return path
         return None
+
+    def _hwmon_moved(self, state: _State) -> None:
+        """The card's hwmon directory vanished while the card stayed: the driver was reloaded
+        and registered it under a new number (hwmon numbers are global: on a multi-GPU host
+        they shuffle). Found again, with its files; logged once per move."""
+        d = state.card.device_dir
+        hwmon = self._hwmon(d)
+        if hwmon is None:
+            return  # not registered again yet: its values absent, looked for on the next refresh
+        files = set(_HWMON_VALUES).intersection(sysfs.listdir(hwmon, d) or ())
+        state.has = frozenset({n for n in state.has if not n.startswith("hwmon/")} | {f"hwmon/{n}" for n in files})
+        self._log.info("AMD GPU hwmon moved; reading it from its new directory",
+                       extra=fields(pci_bus_id=state.card.pci, uuid=state.identity.uuid, hwmon=hwmon))
+        state.hwmon = hwmon
 
     def _refresh_topology(self, kfd: dict[int, dict[int, int]]) -> None:
         """Card -> KFD gpu_ids, from the KFD topology. Not only at start: KFD can come up
@@ -221,25 +248,29 @@ class AmdgpuBackend:
     # -- the refresh --------------------------------------------------------------------
 
     def read(self) -> GpuReading:
-        cards = find_cards(self._root)
+        started = time.monotonic()
+        # the listing gets half the wait at most: a blocked one leaves the cards time to answer
+        cards = self._listing.cards(started + self._limit / 2)
         if cards is None:  # no DRM class at all: the driver stack is gone
             self._cards.leave_all()
             return GpuReading(backend=self.name, success=False, driver_version=self._driver_version,
                               devices=self._cards.devices({}))
-        self._cards.sync(cards)
         kfd = self._kfd_processes()
         if kfd is not None:
             self._refresh_topology(kfd)
         usage = self._clients.read() if self._clients is not None else None
-        samples = self._cards.sample(cards, lambda state: self._sample(state, kfd, usage))
+        samples = self._cards.refresh(cards, lambda state: self._sample(state, kfd, usage), started + self._limit)
         # enumerated cards, answering or not (as nvmlDeviceGetCount): a card that answers ENODEV
-        # is down, not missing (ResmonGpuMissing compares this count with its past maximum)
-        return GpuReading(backend=self.name, success=True, device_count=len(cards),
-                          driver_version=self._driver_version, devices=self._cards.devices(samples))
+        # is down, not missing (ResmonGpuMissing compares this count with its past maximum);
+        # a card still being read, or a listing still in flight, is a refresh that did not succeed
+        return GpuReading(backend=self.name, success=not (self._listing.blocked or self._cards.in_flight),
+                          device_count=len(cards), driver_version=self._driver_version, devices=self._cards.devices(samples))
 
     def _sample(
         self, state: _State, kfd: dict[int, dict[int, int]] | None, usage: dict[str, DeviceUsage] | None = None
     ) -> GpuSample:
+        if state.hwmon is not None and not os.path.isdir(state.hwmon):
+            self._hwmon_moved(state)
         d, has, hwmon = state.card.device_dir, state.has, state.hwmon
 
         def dev(name: str) -> str | None:
@@ -349,7 +380,7 @@ class AmdgpuBackend:
         return kfd_pids if kfd_known else None, listed if self._options.processes else None
 
 
-def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> AmdgpuBackend:
+def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None, device_timeout: float = 5.0) -> AmdgpuBackend:
     """--gpu.backend=amdgpu: there must be an amdgpu card now, or the exporter does not start."""
     require_cards(sysfs_root, _DRIVERS, "amdgpu", "the amdgpu driver")
-    return AmdgpuBackend(log, sysfs_root, options)
+    return AmdgpuBackend(log, sysfs_root, options, device_timeout=device_timeout)

@@ -4,17 +4,22 @@ Cards are the /sys/class/drm entries named ``card<N>`` (any number of digits: MI
 mode has card192) whose device is a PCI device bound to one of the wanted drivers;
 connectors (card0-DP-1), render nodes and platform devices (amdgpu compute partitions,
 which are part of their PCI card) are skipped. Sorted by PCI address, as NVML numbers GPUs.
+A refresh lists them through Listing, on a thread of its own with a deadline: a listing that
+blocks keeps the cards of the last one that answered.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
 from os.path import join
 
+from ...logs import fields
 from ..base import BackendError
 from . import errors as sysfs
+from .readers import Readers
 
 _CARD = re.compile(r"card\d+")
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -64,3 +69,43 @@ def require_cards(sysfs_root: str, drivers: frozenset[str], backend: str, what: 
         where = join(sysfs_root, "class", "drm")
         raise BackendError(f"--gpu.backend={backend}: no card of {what} under {where}"
                            + (" (cannot list it)" if cards is None else ""))
+
+
+class Listing:
+    """find_cards() for a backend's refresh, on its own reader thread (resmon-drm-scan), so a
+    /sys/class/drm listing (or a readlink under it) that blocks holds up no card read: past
+    its deadline the cards of the last listing that answered are used, and no second listing
+    starts until the blocked one returns (its answer is used from the refresh after)."""
+
+    def __init__(self, log: logging.Logger, sysfs_root: str, drivers: frozenset[str]) -> None:
+        self._log = log
+        self._root = sysfs_root
+        self._drivers = drivers
+        self._reader: Readers[list[Card] | None] = Readers()
+        self._last: list[Card] | None = None
+        self.blocked = False  # the last cards() call used the last listing's cards
+
+    def cards(self, deadline: float) -> list[Card] | None:
+        """The cards now, by PCI address; None when /sys/class/drm cannot be listed (or the
+        first listing is still in flight: no card is known yet)."""
+        outcomes, in_flight = self._reader.run([("class/drm", None, self._list)], deadline)
+        if in_flight:
+            if not self.blocked:
+                self._log.warning("listing /sys/class/drm is in flight; keeping the cards of the last listing",
+                                  extra=fields(cards=len(self._last or ())))
+            self.blocked = True
+            return self._last
+        outcome = outcomes["class/drm"]
+        if outcome.error is not None:
+            raise outcome.error
+        if self.blocked:
+            self._log.info("listing /sys/class/drm answers again")
+        self.blocked = False
+        self._last = outcome.value
+        return self._last
+
+    def _list(self) -> list[Card] | None:
+        return find_cards(self._root, self._drivers)
+
+    def close(self) -> None:
+        self._reader.close()

@@ -49,11 +49,13 @@ from ...counters import Monotonic
 from ...samples import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from ..base import GpuOptions
 from ..drm import errors as sysfs
-from ..drm.cards import Card
+from ...logs import fields
+from ..drm.cards import Card, Listing
 from ..drm.cards import find_cards as drm_cards
 from ..drm.cards import require_cards
 from ..drm.fdinfo import DeviceUsage, DrmUsage
-from ..drm.tracker import CardTracker
+from ..drm.readers import device_limit
+from ..drm.tracker import DEPARTED_SECONDS, CardTracker
 from .names import PCI_IDS_FILES, gpu_name
 
 DRIVERS = frozenset({"i915", "xe"})
@@ -99,17 +101,22 @@ def find_cards(sysfs_root: str) -> list[Card] | None:
 
 class IntelBackend:
     name = "intel"
+    device_deadlines = True  # read() itself bounds each card (see ResourceMonitor)
 
     def __init__(
         self, log: logging.Logger, sysfs_root: str = "/sys", options: GpuOptions | None = None,
         pci_ids_files: tuple[str, ...] = PCI_IDS_FILES, clock: Callable[[], float] | None = None,
+        device_timeout: float = 5.0, forget_after: float = DEPARTED_SECONDS,
     ) -> None:
         self._log = log
         self._root = sysfs_root
         self._options = options or GpuOptions()
         self._pci_ids_files = pci_ids_files
         self._clock = clock or time.monotonic
-        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, unidentified=_placeholder)
+        self._limit = device_limit(device_timeout)  # how long a refresh waits for a card
+        self._listing = Listing(log, sysfs_root, DRIVERS)
+        self._cards: CardTracker[_State] = CardTracker(log, "Intel", self._identify, unidentified=_placeholder,
+                                                       forget=self._forget, forget_after=forget_after)
         self._clients = DrmUsage(self._options.procfs, DRIVERS, clock=self._clock)
         self._counters = Monotonic()
         self._lock = threading.Lock()  # one refresh at a time: the previous-refresh values are per card
@@ -119,7 +126,12 @@ class IntelBackend:
         pass  # nothing slow: discovery is a directory listing
 
     def close(self) -> None:
-        pass
+        self._cards.close()
+        self._listing.close()
+
+    def _forget(self, state: _State) -> None:
+        """A card forgotten for good (drm/tracker.py): its energy counter's offset goes."""
+        self._counters.forget(state.identity.uuid or state.identity.pci_bus_id)
 
     # -- identity, once per card --------------------------------------------------------
 
@@ -202,25 +214,33 @@ class IntelBackend:
 
     def read(self) -> GpuReading:
         with self._lock:
-            cards = find_cards(self._root)
+            started = time.monotonic()
+            # the listing gets half the wait at most: a blocked one leaves the cards time to answer
+            cards = self._listing.cards(started + self._limit / 2)
             if cards is None:  # no DRM class at all: the driver stack is gone
                 self._cards.leave_all()
                 return GpuReading(backend=self.name, success=False, driver_version=platform.release(),
                                   devices=self._cards.devices({}))
-            self._cards.sync(cards)
             usage = self._clients.read()
-            samples = self._cards.sample(cards, lambda state: self._sample(state, usage))
+            # what the scan says of itself, taken here: a card's read may return after the next scan
+            clients = (usage, self._clients.complete, self._clients.read_at)
+            samples = self._cards.refresh(cards, lambda state: self._sample(state, *clients), started + self._limit)
             # the energy counter restarts with the driver: served values never decrease
             samples = dict(zip(samples, self._counters.samples(samples.values())))
-            return GpuReading(backend=self.name, success=True, device_count=len(cards),
-                              driver_version=self._driver_version(cards), devices=self._cards.devices(samples))
+            # a card still being read, or a listing still in flight, is a refresh that did not succeed
+            return GpuReading(backend=self.name, success=not (self._listing.blocked or self._cards.in_flight),
+                              device_count=len(cards), driver_version=self._driver_version(cards),
+                              devices=self._cards.devices(samples))
 
-    def _sample(self, state: _State, usage: dict[str, DeviceUsage] | None) -> GpuSample:
+    def _sample(self, state: _State, usage: dict[str, DeviceUsage] | None, complete: bool, read_at: float) -> GpuSample:
         d = state.card.device_dir
         if state.hwmon is not None and not os.path.isdir(state.hwmon):
             # the driver was reloaded between two refreshes: its hwmon came back under a new number
-            state.hwmon = self._hwmon(d)
-            state.has = self._hwmon_files(state.hwmon, d)
+            hwmon = self._hwmon(d)
+            if hwmon is not None:  # else not registered again yet: looked for on the next refresh
+                state.hwmon, state.has = hwmon, self._hwmon_files(hwmon, d)
+                self._log.info("Intel GPU hwmon moved; reading it from its new directory",
+                               extra=fields(pci_bus_id=state.card.pci, uuid=state.identity.uuid, hwmon=hwmon))
         hwmon, has = state.hwmon, state.has
         now = self._clock()
 
@@ -243,7 +263,7 @@ class IntelBackend:
             mhz = sysfs.integer(sysfs.read(path, d, _GONE))
             if mhz is not None:
                 clocks.append((clock, mhz * 1e6))  # 0 while the GT sleeps (RC6): the clock is really stopped
-        busy, utilization, count, plist = self._clients_of(state, usage)
+        busy, utilization, count, plist = self._clients_of(state, usage, complete, read_at)
         total, used = self._lmem(state) if state.lmem else (state.memory_total_bytes, None)
         return GpuSample(
             identity=state.identity,
@@ -271,7 +291,7 @@ class IntelBackend:
         return total, total - avail if total is not None and avail is not None and avail <= total else None
 
     def _clients_of(
-        self, state: _State, usage: dict[str, DeviceUsage] | None
+        self, state: _State, usage: dict[str, DeviceUsage] | None, complete: bool, read_at: float
     ) -> tuple[tuple[tuple[str, float], ...], float | None, int | None, tuple[GpuProcess, ...] | None]:
         """(busy seconds by engine, utilization since the previous refresh, process count, process
         list). Busy time, utilization and the count need every client: a client of a process this
@@ -284,10 +304,10 @@ class IntelBackend:
         mine = usage.get(state.card.pci)
         processes = mine.processes if mine is not None else ()
         listed = processes if self._options.processes else None
-        if not self._clients.complete:
+        if not complete:
             state.busy_at = None
             return (), None, None, listed
-        now = self._clients.read_at  # the busy time grew up to the scan, not to this card's sample
+        now = read_at  # the busy time grew up to the scan, not to this card's sample
         busy = mine.busy_seconds if mine is not None else ()
         utilization = None
         if busy and state.busy_at is not None:
@@ -301,7 +321,7 @@ class IntelBackend:
         return busy, utilization, len(processes), listed
 
 
-def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None) -> IntelBackend:
+def explicit_backend(log: logging.Logger, sysfs_root: str, options: GpuOptions | None, device_timeout: float = 5.0) -> IntelBackend:
     """--gpu.backend=intel: there must be an xe or i915 card now, or the exporter does not start."""
     require_cards(sysfs_root, DRIVERS, "intel", "the xe or i915 driver")
-    return IntelBackend(log, sysfs_root, options)
+    return IntelBackend(log, sysfs_root, options, device_timeout=device_timeout)
