@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from resmon_exporter.cli import FLAGS
@@ -266,22 +267,22 @@ def test_readme_installs_into_a_venv_not_the_system_python():
     assert venv or command.startswith("pipx install"), f"README's first command installs into the system Python: {command!r}"
 
 
-def test_the_memory_figures_of_readme_and_the_kubernetes_guide_are_one_run():
+def test_the_memory_figures_of_the_performance_doc_and_the_kubernetes_guide_are_one_run():
     """README and docs/kubernetes.md once quoted RSS from different runs (35.7 / 55.5 MiB
     beside 32.8 / 42.7 MiB): every RSS figure the guide's Resources section gives must be one
-    of the README's memory sentence for a Kubernetes node, which names both a bare host and a
+    of docs/performance.md's memory sentence for a Kubernetes node, which names both a bare host and a
     node with the kubelet socket (grpcio loaded)."""
     guide = (REPO / "docs" / "kubernetes.md").read_text()
     resources = guide.split("\n## Resources\n", 1)[1].split("\n## ", 1)[0]
-    readme = (REPO / "README.md").read_text()
-    sentence = re.search(r"Memory on a Kubernetes node[^\n]*(?:\n(?!\n)[^\n]*)*", readme)
-    assert sentence, "README has no 'Memory on a Kubernetes node' paragraph"
+    performance = (REPO / "docs" / "performance.md").read_text()  # the figures moved there from the README
+    sentence = re.search(r"Memory on a Kubernetes node[^\n]*(?:\n(?!\n)[^\n]*)*", performance)
+    assert sentence, "docs/performance.md has no 'Memory on a Kubernetes node' paragraph"
     figure = re.compile(r"(\d+(?:\.\d+)?) MiB")
     ours = set(figure.findall(sentence.group(0)))
     rss = [sentence for sentence in re.split(r"(?<=[.;])\s", resources) if "RSS" in sentence]
     theirs = {f for sentence in rss for f in figure.findall(sentence)}
     assert len(ours) >= 2 and theirs, (ours, theirs)
-    assert theirs <= ours, f"docs/kubernetes.md quotes {sorted(theirs - ours)} MiB, README {sorted(ours)}"
+    assert theirs <= ours, f"docs/kubernetes.md quotes {sorted(theirs - ours)} MiB, docs/performance.md {sorted(ours)}"
 
 
 def test_no_file_points_at_a_path_outside_the_repository():
@@ -293,3 +294,128 @@ def test_no_file_points_at_a_path_outside_the_repository():
     found = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in files if path.is_file()
              for match in outside.finditer(path.read_text(errors="replace"))]
     assert not found, found
+
+
+
+# -- the README as a front door, the reference in docs/ (issue 36 part 2, issue 35 item 5) --
+
+README = REPO / "README.md"
+FLAGS_DOC = REPO / "docs" / "flags.md"
+ALERTS_DOC = REPO / "docs" / "alerts.md"
+SECURITY_DOC = REPO / "docs" / "security.md"
+RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"
+
+
+def test_the_readme_is_a_front_door_not_a_reference_or_a_log():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 250, f"README has {len(lines)} lines: move reference to docs/"
+    first = text.split("\n\n")[1]  # the paragraph under the title: what it is
+    for word in ("NVIDIA", "AMD", "Intel", "per-process", "pod", "job", "Python API"):
+        assert word in first, (word, first)
+    head = "\n".join(lines[:60])  # the first screen: the install-and-run line and the test line
+    assert "bin/pip install . && " in head and "./scripts/test.sh" in head, head
+    # a development log speaks to the project, not to users: history is in CHANGELOG.md
+    log = re.findall(r"\b(?:issue \d+|this round|commit [0-9a-f]{7}|[0-9a-f]{7,40}\b(?=[ ,)]))", text)
+    assert not [m for m in log if not m.isdecimal()], log
+
+
+def test_the_package_description_names_every_vendor():
+    text = (REPO / "pyproject.toml").read_text()  # no tomllib on Python 3.10, which runs this too
+    description = re.search(r'^description = "([^"]*)"$', text, re.M)
+    keywords = re.search(r"^keywords = \[([^]]*)\]$", text, re.M)
+    assert description and keywords, "pyproject.toml spells description and keywords on one line each"
+    for word in ("NVIDIA", "AMD", "Intel"):
+        assert word in description.group(1), description.group(1)
+    assert {"nvidia", "amd", "intel"} <= set(re.findall(r'"([^"]+)"', keywords.group(1))), keywords.group(1)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| `--")]
+
+
+def _documented_default(flag, cell: str):
+    """A default as the table writes it, in the flag's own type: `2m` is 120.0."""
+    cell = cell.strip("*`")
+    if flag.boolean:
+        return {"on": True, "off": False}[cell]
+    if cell == "none":
+        return ""
+    return flag.convert(cell)
+
+
+def test_docs_flags_lists_every_flag_with_its_variable_and_default():
+    rows = {r[0]: r for r in _table_rows(FLAGS_DOC.read_text())}
+    spelled = {(f"`--[no-]{f.name}`" if f.boolean else f"`--{f.name}`"): f for f in FLAGS}
+    assert set(rows) - {"`--version`"} == set(spelled), set(rows) ^ set(spelled)
+    for name, flag in spelled.items():
+        row = rows[name]
+        assert row[1] == f"`{flag.env}`", (name, row[1])
+        assert _documented_default(flag, row[2]) == flag.default, (name, row[2], flag.default)
+
+
+def test_the_readme_flags_are_real_flags_with_their_defaults():
+    section = README.read_text().split("## The flags people change", 1)[1].split("\n## ", 1)[0]
+    rows = _table_rows(section)
+    assert len(rows) == 10, len(rows)
+    by_name = {(f"`--[no-]{f.name}`" if f.boolean else f"`--{f.name}`"): f for f in FLAGS}
+    for row in rows:
+        assert row[0] in by_name, row[0]
+        assert _documented_default(by_name[row[0]], row[1]) == by_name[row[0]].default, row
+
+
+def test_the_alerts_doc_names_every_alert_and_recording_rule():
+    import yaml
+
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    alerts = {rule["alert"] for rule in rules if "alert" in rule}
+    records = {rule["record"] for rule in rules if "record" in rule}
+    assert len(alerts) >= 20 and len(records) >= 3, (alerts, records)  # the file was read
+    text = ALERTS_DOC.read_text()
+    table = {row[0].strip("`") for row in ([c.strip() for c in l.strip().strip("|").split("|")]
+                                           for l in text.splitlines() if l.startswith("| `Resmon"))}
+    assert table == alerts, f"alert table vs rules file: {sorted(table ^ alerts)}"
+    recording = text.split("Recording rules:", 1)[1].split("\n\n", 1)[0]
+    assert set(re.findall(r"`([a-z_]+:[a-z_]+:[a-z_]+)`", recording)) == records, recording
+
+
+def test_the_shipped_web_config_is_refused_for_the_reason_the_docs_name(tmp_path):
+    # issue 35 item 5: the README said the example is refused for its placeholder hash; as
+    # shipped it is refused first for the certificate it names and nobody has yet
+    result = subprocess.run([sys.executable, "-m", "resmon_exporter", "--web.config.file=examples/web-config.yml",
+                             "--gpu.backend=none", "--web.listen-address=127.0.0.1:0"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    reason = re.search(r"(tls_server_config\.cert_file: file ')[^']*(server\.crt' does not exist)", lines[0])
+    assert reason, lines[0]
+    documented = " ".join(SECURITY_DOC.read_text().split())
+    assert f"`{reason.group(1)}.../{reason.group(2)}`" in documented, "docs/security.md names another reason"
+    assert "`basic_auth_users.prometheus: not a bcrypt hash`" in documented  # the second, once certificates exist
+
+
+def test_links_between_the_docs_lead_somewhere():
+    """The reference moved out of the README: every relative link of the README and docs/
+    names a file that exists and, for a Markdown file, a heading it has."""
+
+    def anchors(path: Path) -> set[str]:
+        found = set()
+        for line in path.read_text().splitlines():
+            if line.startswith("#"):
+                title = line.lstrip("#").strip().lower()
+                found.add(re.sub(r"[^a-z0-9 _-]", "", title).replace(" ", "-"))
+        return found
+
+    broken = []
+    for doc in USER_DOCS + [REPO / "CHANGELOG.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file, _, anchor = target.partition("#")
+            path = (doc.parent / file).resolve() if file else doc
+            if not path.exists():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, broken
