@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -407,14 +408,14 @@ def test_a_process_whose_fds_cannot_be_read_makes_the_count_busy_time_and_utiliz
     got = by_pci(b.read())
     assert got[A770].processes == 2 and got[MAX].processes == 0  # every fd dir read (or gone): known
     refused = str(proc.root / "200" / "fd")
-    real = os.listdir
+    real = os.scandir
 
-    def listdir(path="."):
+    def scandir(path="."):  # the fd directory is read with os.scandir (drm/fdinfo.py)
         if os.fspath(path) == refused:  # another user's process, no ptrace access: EACCES
             raise PermissionError(13, "Permission denied", refused)
         return real(path)
 
-    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
     # the refused process is the busy one: what is visible would read as idle
     proc.set_fdinfo(200, 5, i915_client(A770, 8, render_ns=9_000_000_000, local0_bytes=GIB))
     got = by_pci(b.read())
@@ -422,7 +423,7 @@ def test_a_process_whose_fds_cannot_be_read_makes_the_count_busy_time_and_utiliz
     assert arc.up and arc.processes is None and got[MAX].processes is None and got[MTL].processes is None
     assert [p.pid for p in arc.process_list] == [100]  # the visible clients are still listed
     assert arc.busy_seconds == () and arc.utilization_ratio is None  # a part is not the whole: absent, not idle
-    monkeypatch.setattr(os, "listdir", real)
+    monkeypatch.setattr(os, "scandir", real)
     got = by_pci(b.read())
     assert got[A770].processes == 2 and dict(got[A770].busy_seconds)["render"] == 14.0  # nothing lost meanwhile
 
@@ -514,6 +515,34 @@ def test_enodev_and_eio_take_that_card_down_alone(fuse_tree, log):
     assert got[MAX].up and got[MAX].energy_joules == 500000.0 and got[MAX].memory_total_bytes == 128 * GIB
     assert got[A770].up and got[A770].clock_hertz == (("graphics", 2100e6),)
     assert records.messages().count("Intel GPUs found") == 1 and "Intel GPU answers again" in records.messages()
+
+
+def test_a_blocked_hwmon_file_downs_only_its_card_within_the_deadline(fuse_tree, log):
+    ft = fuse_tree
+    logger, records = log
+    b = IntelBackend(logger, str(ft.mount), GpuOptions(procfs="/nonexistent/proc"), pci_ids_files=NO_IDS, clock=Clock(),
+                     device_timeout=1.0)
+    assert bounded(b.read).success
+    ft.rules({(MAX, "hwmon:energy1_input"): {"hang": True}})  # a sensor file that never answers
+    started = time.monotonic()
+    reading = bounded(b.read, timeout=10)
+    assert time.monotonic() - started < 1.0  # --collect.timeout less 0.1 s, and what follows the wait
+    got = by_pci(reading)
+    assert not got[MAX].up and got[MAX].identity.uuid == MAX and got[MAX].identity.index == 2  # down alone
+    assert got[A770].up and got[A770].clock_hertz == (("graphics", 2100e6),) and got[MTL].up
+    assert not reading.success and reading.device_count == 3
+    for _ in range(3):  # the hung read is not waited for again, nor started again
+        started = time.monotonic()
+        again = bounded(b.read, timeout=10)
+        assert time.monotonic() - started < 0.5 and [d.up for d in again.devices] == [True, True, False]
+    assert ft.reads(MAX, "hwmon:energy1_input") == 2
+    assert records.messages().count("Intel GPU read in flight longer than --collect.timeout; reporting it down") == 1
+    ft.rules({})
+    deadline = time.monotonic() + 20
+    while not (reading := bounded(b.read)).success and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reading.success and by_pci(reading)[MAX].up and "Intel GPU read returned" in records.messages()
+    b.close()
 
 
 def test_a_card_wedged_from_the_start_is_down_under_its_index(fuse_tree):
@@ -710,13 +739,38 @@ def test_an_integrated_i915_gpu_has_its_media_gt_as_video(tmp_path):
     assert got.identity.clock_max_hertz == (("graphics", 2400e6), ("video", 1100e6))
 
 
-def test_a_hwmon_renumbered_by_a_driver_reload_is_found_again(tree):
-    b = backend(tree.root)
+def test_a_hwmon_renumbered_by_a_driver_reload_is_found_again(tree, log):
+    logger, records = log
+    b = backend(tree.root, log=logger)
     assert by_pci(b.read())[MAX].energy_joules == 500000.0
-    old = hwmon_dir(tree, MAX)
-    os.rename(old, old.with_name("hwmon9"))  # reloaded between two refreshes: the card never left
-    mx = by_pci(b.read())[MAX]
-    assert mx.energy_joules == 500000.0 and mx.temperature_celsius == 48.0 and mx.power_limit_watts == 600.0
+    tree.renumber_hwmon(MAX, 9)  # reloaded between two refreshes: the card never left
+    for _ in range(2):
+        mx = by_pci(b.read())[MAX]
+        assert mx.energy_joules == 500000.0 and mx.temperature_celsius == 48.0 and mx.power_limit_watts == 600.0
+    assert records.messages().count("Intel GPU hwmon moved; reading it from its new directory") == 1
+
+
+def test_replugs_at_new_addresses_do_not_grow_the_series_beyond_the_bound(tree, log):
+    from resmon_exporter.backends.drm.tracker import DEPARTED_PER_GPU
+
+    logger, records = log
+    b = IntelBackend(logger, str(tree.root), GpuOptions(procfs="/nonexistent/proc"), pci_ids_files=NO_IDS, clock=Clock(),
+                     forget_after=3600.0)
+    assert len(b.read().devices) == 3
+    pci = A770
+    for i in range(50):  # the Arc replugged 50 times, each time at a new PCI address
+        tree.remove(pci)
+        pci = f"0000:{0x60 + i:02x}:00.0"
+        add_intel(tree, arc_a770(pci=pci, card=100 + i))
+        reading = b.read()
+        assert len(reading.devices) <= 3 + DEPARTED_PER_GPU * 3, len(reading.devices)
+    got = by_pci(reading)
+    assert len(got) == 3 + DEPARTED_PER_GPU * 3 and sum(d.up for d in reading.devices) == 3 and got[pci].up
+    assert got[MAX].identity.index == 2 and got[MTL].identity.index == 0  # the others keep theirs
+    # nothing else is kept of the forgotten ones: their energy counters go too
+    assert {k[0] for k in b._counters._state} <= set(got)  # type: ignore[attr-defined]
+    dropped = [r for r in records.records if r.getMessage() == "Intel GPU gone for long; its series are dropped"]
+    assert len(dropped) == 50 - DEPARTED_PER_GPU * 3
 
 
 def test_intel_plugin_ids_and_process_pods_resolve_to_these_gpus(intel, tree, proc, kubelet, tmp_path):

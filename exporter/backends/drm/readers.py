@@ -90,23 +90,25 @@ class Readers(Generic[T]):
     def run(self, jobs: Iterable[tuple[str, int | None, Callable[[], T]]], deadline: float) -> tuple[dict[str, Outcome[T]], set[str]]:
         """Each (key, number for the thread's name, job) on its key's reader, unless that one's
         previous job is still in flight; waits for them until deadline (time.monotonic()).
-        Returns the outcomes of the jobs that returned, and the keys still in flight."""
+        Returns the outcomes of the jobs it started that returned, and the other keys (in flight)."""
         with self._lock:
-            keys = []
+            keys, started = [], []
             for key, number, job in jobs:
                 reader = self._readers.get(key)
                 if reader is None:
                     reader = self._readers[key] = _Reader(self._lock, self._done, number)
-                if not reader.busy:  # in flight since an earlier refresh: not started twice
+                if not reader.busy:  # in flight since an earlier refresh: not started twice, nor waited for
                     reader.hand(job)
+                    started.append(key)
                 keys.append(key)
-            while any(self._readers[k].busy for k in keys):
+            while any(self._readers[k].busy for k in started):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._done.wait(left)
-            outcomes = {k: o for k in keys if not self._readers[k].busy and (o := self._readers[k].outcome) is not None}
-            return outcomes, {k for k in keys if self._readers[k].busy}
+            # a job of an earlier refresh that returned meanwhile is dropped: read afresh next time
+            outcomes = {k: o for k in started if not self._readers[k].busy and (o := self._readers[k].outcome) is not None}
+            return outcomes, set(keys) - outcomes.keys()
 
     def forget(self, key: str) -> None:
         """The key is not read again: its thread ends (after its job, if one is in flight)."""
