@@ -9,11 +9,15 @@ import re
 import signal
 import subprocess
 import threading
+import shutil
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from dockerfile_parse import DockerfileParser
 
 from fakenvml import REPO, Scrape
 
@@ -31,11 +35,11 @@ MACHINES = {
 
 
 class Demo:
-    """scripts/demo.sh on a port the kernel picks; its output read by threads."""
+    """scripts/demo.sh (or another command) on a port the kernel picks; its output read by threads."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([str(DEMO), *args, "--port", "0"], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+    def __init__(self, *args: str, command: list[str] | None = None, cwd: Path = REPO) -> None:
+        self.proc = subprocess.Popen([*(command or [str(DEMO)]), *args, "--port", "0"], cwd=cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.out: list[str] = []
         self.err: list[str] = []
         self.threads = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
@@ -152,3 +156,52 @@ def test_bad_arguments_are_one_line_and_exit_2(args, message):
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert result.stderr.count("\n") == 1 and result.stderr.startswith(f"demo: {message}"), result.stderr
     assert result.stdout == ""
+
+
+def image_files() -> dict[str, str]:
+    """demo/Dockerfile's COPY lines after the pip install: path in the image's work directory
+    -> tracked file of the repository (a directory source: its tracked files)."""
+    parser = DockerfileParser(path=str(REPO / "demo" / "Dockerfile"))
+    copies = [i["value"].split() for i in parser.structure if i["instruction"] == "COPY"]
+    out: dict[str, str] = {}
+    for *sources, dest in copies:
+        for source in sources:
+            tracked = subprocess.run(["git", "ls-files", source], cwd=REPO, capture_output=True, text=True,
+                                     check=True).stdout.split()
+            assert tracked, f"COPY {source}: nothing tracked there"
+            for path in tracked:
+                if dest.endswith("/"):  # into a directory: the source's own name, and below it
+                    inside = str(Path(dest) / Path(path).relative_to(Path(source).parent))
+                elif path == source:
+                    inside = dest
+                else:
+                    inside = str(Path(dest) / Path(path).relative_to(source))
+                out[str(Path(inside))] = path
+    return out
+
+
+def test_the_demo_image_gets_what_the_demo_runs(tmp_path):
+    """The compose demo's image: .dockerignore sends every file demo/Dockerfile copies, and the
+    demo runs (h100: the fake NVML built, the fake kubelet's pods) from those files alone, laid
+    out as the image lays them out (the exporter itself is the installed package)."""
+    from test_image import sent
+
+    files = image_files()
+    ignore = (REPO / ".dockerignore").read_text()
+    assert [f for f in files.values() if not sent(ignore, f)] == []
+    assert {"demo/__main__.py", "tests/fake_nvml/fake_nvml.c", "tests/gpu_users.py"} <= set(files), sorted(files)
+    assert not sent(ignore, "tests/test_demo.py") and not sent(ignore, "tests/fake_nvml/libnvidia-ml.so.1")
+    image = tmp_path / "image"
+    for inside, source in files.items():
+        if inside.startswith("demo/") or inside.startswith("tests/"):
+            (image / inside).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(REPO / source, image / inside)
+    demo = Demo("h100", command=[sys.executable, "-m", "demo"], cwd=image)
+    try:
+        demo.wait("/-/ready", lambda: demo.get("/-/ready")[0] == 200, 120)
+        s = demo.wait("the GPUs and pods", lambda: (s := demo.scrape()).has(
+            "resmon_gpu_process_memory_used_bytes", pod="train-0") and s, 60)
+        assert s.value("resmon_gpu_devices") == 8
+    finally:
+        code = demo.stop()
+    assert code == 0, "\n".join(demo.err[-30:])
