@@ -8,13 +8,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from fake_kubelet import Container, Device, Pod
 from fake_sysfs import GIB, FakeSysfs, rx7900, standard
-from fakenvml import REPO, Exporter, nvml_env, sysfs_exporters
+from fakenvml import REPO, Exporter, Scrape, nvml_env, sysfs_exporters
+from fuse_tree import FuseTree, mounted
 from scenarios import three_gpus
 from workloads import CID, CID2, UID, UID2, container_logs, pod_logs, procfs_tree, systemd_containerd
 
@@ -61,6 +64,34 @@ def test_scrape_maps_the_cards_and_follows_changes(amd, tmp_path):
     s = exporter.scrape()
     assert s.value("resmon_gpu_up", **mi) == 0 and s.value("resmon_gpu_up", **rx) == 1
     assert s.value("resmon_gpu_devices") == 1 and not s.has("resmon_gpu_memory_total_bytes", **mi)
+
+
+@pytest.fixture
+def fuse_tree(tmp_path: Path) -> Iterator[FuseTree]:
+    yield from mounted(standard(tmp_path / "sys"), tmp_path)
+
+
+def test_a_blocked_sensor_file_downs_only_its_card_and_the_scrape_keeps_its_deadline(amd, fuse_tree):
+    ft = fuse_tree
+    exporter = amd("--gpu.backend=amdgpu", "--collect.cache-ttl=0", "--collect.timeout=2s", root=ft.mount)
+    rx, mi = {"gpu": "0", "uuid": RX_UUID}, {"gpu": "1", "uuid": MI_UUID}
+    assert exporter.scrape().value("resmon_gpu_up", **rx) == 1
+    ft.rules({(RX, "hwmon:temp1_input"): {"hang": True}})  # a hung SMU: one sensor file never answers
+    deadline = time.monotonic() + 30
+    while True:  # the refresh that meets the hang waits for it up to --collect.timeout less 0.1 s
+        started = time.monotonic()
+        status, _, body = exporter.request("/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "3"})
+        elapsed = time.monotonic() - started
+        assert status == 200 and elapsed < 3.0, (status, elapsed)
+        s = Scrape(body.decode())
+        if s.value("resmon_gpu_up", **rx) == 0 or time.monotonic() > deadline:
+            break
+    assert s.value("resmon_gpu_up", **rx) == 0 and s.value("resmon_gpu_up", **mi) == 1  # down alone
+    assert s.value("resmon_gpu_power_watts", **mi) == 612.0 and s.value("resmon_gpu_temperature_celsius", **mi) == 58.0
+    assert not s.has("resmon_gpu_memory_total_bytes", **rx) and s.value("resmon_collector_success", collector="gpu") == 0
+    ft.rules({})
+    s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1)
+    assert s.value("resmon_gpu_up", **rx) == 1 and s.value("resmon_gpu_temperature_celsius", **rx) == 61.0
 
 
 def test_promtool_check_metrics_is_clean(amd, tmp_path):
