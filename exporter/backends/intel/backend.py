@@ -27,6 +27,11 @@ the maximum clocks (RP0) and, on xe discrete cards, VRAM (tile<t>/physical_vram_
   container's own /proc), the process count, busy time and utilization are unknown (absent):
   only the visible processes' own series are exported.
 
+Each card is identified and read on a reader thread of its own, the /sys/class/drm listing on
+another, bounded by --collect.timeout a little less (drm/readers.py, drm/cards.py Listing): a
+card whose read blocks is down alone. A hwmon renumbered by a driver reload is found again (and
+logged); cards that left are forgotten by NVML's departed-GPU rule (drm/tracker.py).
+
 VRAM used is not in the upstream drivers' sysfs: they answer it only to a DRM query ioctl with
 CAP_PERFMON, which this backend does not make. Intel's out-of-tree i915 (the DKMS driver of
 Flex and Max) has card<N>/lmem_total_bytes and lmem_avail_bytes (0444): total, and used as
