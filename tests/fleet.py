@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import yaml
 
 from fakenvml import GIB, MIB, Exporter, Scenario, gpu_keys, nvml_env
-from promstack import (PromApi, Webhook, alertmanager_config, free_port, http_json, need, start_logged, stop_all,
+from promstack import (PromApi, Webhook, alertmanager_config, http_json, need, start_listening, stop_all,
                        wait_until)
 from scenarios import hopper_board
 
@@ -208,15 +208,12 @@ class Fleet:
         if self.alertmanager:
             self.webhook = Webhook()
             threading.Thread(target=self.webhook.serve_forever, daemon=True).start()
-            self.am_port = free_port()
             config = alertmanager_config(self.root / "am" / "alertmanager.yml", self.webhook,
                                          ["alertname", "instance", "gpu"])
-            self.procs.append(start_logged(
+            alertmanager, self.am_port = start_listening(
                 [need("prometheus-alertmanager"), f"--config.file={config}", f"--storage.path={self.root / 'am' / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address="],
-                self.root / "alertmanager.log"))
-        self.prom_port = free_port()
-        self.prom = PromApi(self.prom_port)
+                 "--cluster.listen-address="], self.root / "alertmanager.log")
+            self.procs.append(alertmanager)
         config: dict[str, Any] = {
             "global": {"scrape_interval": self.interval, "scrape_timeout": self.interval,
                        "evaluation_interval": self.interval},
@@ -229,11 +226,11 @@ class Fleet:
         if self.alertmanager:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]}
         (self.root / "prometheus.yml").write_text(yaml.safe_dump(config, sort_keys=False))
-        self.prometheus = start_logged(
+        self.prometheus, self.prom_port = start_listening(
             [need("prometheus"), f"--config.file={self.root / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-            self.root / "prometheus.log")
+             f"--storage.tsdb.path={self.root / 'tsdb'}"], self.root / "prometheus.log")
         self.procs.append(self.prometheus)
+        self.prom = PromApi(self.prom_port)
         wait_until("Prometheus ready", self._ready, 60)
 
     def _ready(self) -> bool:

@@ -8,7 +8,6 @@ import http.server
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -96,10 +95,28 @@ def write_test_rules(directory: Path, for_: str = "2s") -> Path:
 # -- processes and HTTP --------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# what Prometheus and Alertmanager (exporter-toolkit) log once bound: the address itself
+LISTENING = re.compile(r'msg="Listening on" address=\S*:(\d+)')
+
+
+def start_listening(cmd: list[str], log_path: Path, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
+    """Start a Prometheus or Alertmanager on 127.0.0.1 port 0 and return it with the port the
+    kernel gave it (its "Listening on" line). Not a port found free first and bound later: on
+    parallel workers another test's server or client can take it in between."""
+    proc = start_logged([*cmd, "--web.listen-address=127.0.0.1:0"], log_path)
+
+    def port() -> int | None:
+        log = log_path.read_text(errors="replace")
+        match = LISTENING.search(log)
+        if match is None and proc.poll() is not None:
+            raise AssertionError(f"{cmd[0]} exited with {proc.returncode} before listening: {log[-2000:]}")
+        return int(match.group(1)) if match else None
+
+    try:
+        return proc, wait_until(f"{Path(cmd[0]).name} listening", port, timeout)
+    except BaseException:
+        stop_all([proc])
+        raise
 
 
 class Webhook(http.server.ThreadingHTTPServer):

@@ -22,7 +22,7 @@ from fake_fdinfo import FakeProc, i915_client, xe_client
 from fake_intel import intel_host
 from fake_sysfs import GIB, FakeSysfs
 from fakenvml import REPO, Exporter
-from promstack import PromApi, exprs, free_port, load, need, start_logged, stop_all, substitute, wait_until, write_test_rules
+from promstack import PromApi, exprs, load, need, start_listening, stop_all, substitute, wait_until, write_test_rules
 
 pytestmark = pytest.mark.e2e
 
@@ -58,15 +58,14 @@ class IntelStack:
         self.exporter.wait_listening()
         self.exporter.wait_ready()
         write_test_rules(root / "rules")
-        self.port = free_port()
         (root / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
             "rule_files": ["rules/*.yml"],
             "scrape_configs": [{"job_name": "resmon", "static_configs": [{"targets": [f"127.0.0.1:{self.exporter.port}"]}]}],
         }))
-        self.procs = [start_logged([need("prometheus"), f"--config.file={root / 'prometheus.yml'}",
-                                    f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-                                   root / "prometheus.log")]
+        prometheus, self.port = start_listening([need("prometheus"), f"--config.file={root / 'prometheus.yml'}",
+                                                 f"--storage.tsdb.path={root / 'tsdb'}"], root / "prometheus.log")
+        self.procs = [prometheus]
         self.api = PromApi(self.port)
         wait_until("5 scrapes in Prometheus",
                    lambda: self.api.query('count_over_time(up{job="resmon"}[1m]) >= 5 and up{job="resmon"} == 1'), 90)

@@ -234,7 +234,9 @@ def test_departed_gpus_are_bounded_in_count(run_exporter, scenario):
     # issue 22 item 17: one GPU reappearing under new UUIDs (a reset that re-enumerates, a
     # swapped board) must not leave one resmon_gpu_up series per UUID ever seen
     scenario.write(_two_gpus())
-    exporter = run_exporter("--collect.cache-ttl=0")
+    # the UUID is a slow value: read on every refresh, not once in 30 s (waiting out the slow
+    # interval 12 times made this the slowest test, 3 minutes)
+    exporter = run_exporter("--collect.cache-ttl=0", "--collect.slow-interval=0")
     most = 0
     for n in range(12):
         uuid = f"GPU-departed-{n:04d}"

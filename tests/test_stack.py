@@ -15,8 +15,8 @@ import yaml
 
 from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from gpu_users import HOST_SM, HOST_VRAM, JOB_ID, JOB_SM, JOB_VRAM, POD_SM, POD_VRAM, GpuUsers
-from promstack import (RULES, PromApi, Webhook, alertmanager_config, exprs, free_port, load, need, panels, settle,
-                       substitute, wait_until, write_test_rules)
+from promstack import (RULES, PromApi, Webhook, alertmanager_config, exprs, load, need, panels, settle,
+                       start_listening, substitute, wait_until, write_test_rules)
 import scenarios as sc
 from scenarios import three_gpus
 
@@ -285,7 +285,8 @@ def test_rules_are_annotated():
 def test_compose_file_is_valid_and_mounts_exist():
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     result = subprocess.run([need("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "--profile", "nogpu",
-                             "--profile", "node", "config", "-q"], capture_output=True, text=True, timeout=120, cwd=REPO)
+                             "--profile", "demo", "--profile", "node", "config", "-q"], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     services = compose["services"]
     assert {"exporter", "prometheus", "alertmanager", "grafana", "node-exporter", "exporter-nogpu"} <= set(services)
@@ -305,6 +306,45 @@ def test_compose_file_is_valid_and_mounts_exist():
     amtool = subprocess.run([need("amtool"), "check-config", str(REPO / "alertmanager" / "alertmanager.yml")],
                             capture_output=True, text=True, timeout=60)
     assert amtool.returncode == 0, amtool.stdout + amtool.stderr
+
+
+def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """docker-compose's own reading of the file with these profiles (v1: it validates against
+    its schema and resolves variables); the normalized YAML it prints."""
+    import os
+
+    args = [a for p in profiles for a in ("--profile", p)]
+    result = subprocess.run([need("docker-compose"), "-f", str(REPO / "docker-compose.yml"), *args, "config"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, **(env or {})})
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_compose_profiles_publish_distinct_host_ports_and_run_the_demo():
+    """Issue 35 item 5: every exporter variant (GPU, nogpu, demo) answers to the alias that
+    Prometheus scrapes, but publishes its own host port, so no two services of any profile
+    mix bind one port; the demo builds demo/Dockerfile and runs the machine RESMON_DEMO_MACHINE
+    names (h100 by default), its health check on the port it listens on."""
+    services = compose_config("nogpu", "demo", "node")["services"]
+    published: dict[int, str] = {}
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            host = int(port["published"])
+            assert host not in published, f"{name} and {published[host]} both publish host port {host}"
+            published[host] = name
+    variants = {name for name, svc in services.items() if "exporter" in svc.get("networks", {}).get("default", {}).get(
+        "aliases", [])} | {"exporter"}
+    assert variants == {"exporter", "exporter-nogpu", "exporter-demo"}
+    assert published[9636] == "exporter" and all(
+        any(int(p["target"]) == 9636 for p in services[v]["ports"]) for v in variants)
+    demo = services["exporter-demo"]
+    assert demo["profiles"] == ["demo"] and demo["build"]["dockerfile"] == "demo/Dockerfile"
+    assert demo["build"]["context"] == str(REPO) and (REPO / "demo" / "Dockerfile").is_file()
+    assert demo["command"] == ["h100", "--listen", ":9636"]
+    assert "127.0.0.1:9636/-/healthy" in " ".join(demo["healthcheck"]["test"])
+    amd = compose_config("demo", env={"RESMON_DEMO_MACHINE": "amd"})["services"]["exporter-demo"]
+    assert amd["command"][0] == "amd"
+    assert "deploy" not in demo, "the demo needs no GPU"
 
 
 def test_grafana_provisioning_matches_the_compose_mounts():
@@ -396,11 +436,9 @@ class Stack:
         self.exporter.wait_listening()
         self.webhook = Webhook()
         threading.Thread(target=self.webhook.serve_forever, daemon=True).start()
-        self.am_port, self.prom_port = free_port(), free_port()
         alertmanager_config(root / "am" / "alertmanager.yml", self.webhook, ["alertname"])
-        self.start([need("prometheus-alertmanager"), f"--config.file={root / 'am' / 'alertmanager.yml'}",
-                    f"--storage.path={root / 'am' / 'data'}", f"--web.listen-address=127.0.0.1:{self.am_port}",
-                    "--cluster.listen-address="], "alertmanager")
+        self.am_port = self.start([need("prometheus-alertmanager"), f"--config.file={root / 'am' / 'alertmanager.yml'}",
+                                   f"--storage.path={root / 'am' / 'data'}", "--cluster.listen-address="], "alertmanager")
         write_test_rules(root / "rules")  # short `for`, rate windows cut to 30 s
         (root / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
@@ -408,9 +446,8 @@ class Stack:
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
             "scrape_configs": [{"job_name": "resmon", "static_configs": [{"targets": [f"127.0.0.1:{self.exporter.port}"]}]}],
         }))
-        self.start([need("prometheus"), f"--config.file={root / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prom_port}"],
-                   "prometheus")
+        self.prom_port = self.start([need("prometheus"), f"--config.file={root / 'prometheus.yml'}",
+                                     f"--storage.tsdb.path={root / 'tsdb'}"], "prometheus")
         wait_until("5 scrapes in Prometheus",
                    lambda: self.query('count_over_time(up{job="resmon"}[1m]) >= 5 and up{job="resmon"} == 1'), 90)
         # XIDs reach only a registered event set (no replay): inject once the exporter watches
@@ -445,9 +482,11 @@ class Stack:
         data = self.api("/api/v1/alerts") or {"alerts": []}
         return [a for a in data["alerts"] if a["labels"]["alertname"] == name and a["state"] == "firing"]
 
-    def start(self, cmd: list[str], name: str) -> None:
-        log = open(self.root / f"{name}.log", "w")
-        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    def start(self, cmd: list[str], name: str) -> int:
+        """Starts cmd on a port of the kernel's choosing, logging to <name>.log; its port."""
+        proc, port = start_listening(cmd, self.root / f"{name}.log")
+        self.procs.append(proc)
+        return port
 
     def api(self, path: str, **params: str) -> Any:
         return PromApi(self.prom_port).api(path, **params)
