@@ -14,6 +14,7 @@
  * a new set.
  */
 
+#include <poll.h>
 #include <stdint.h>
 
 #ifndef FAKE_WITH_NVML_H
@@ -231,12 +232,15 @@ static nvmlReturn_t ev_wait(int fn, nvmlEventSet_t set, nvmlEventData_t *data, u
         }
         long long left = deadline - ev_now_ms();
         if (left <= 0) return leave(EV_RC_TIMEOUT);
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until); /* the cond's clock; each slice is short anyway */
-        long long ns = until.tv_nsec + (left < slice_ms ? left : slice_ms) * 1000000LL;
-        until.tv_sec += (time_t)(ns / 1000000000LL);
-        until.tv_nsec = (long)(ns % 1000000000LL);
-        pthread_cond_timedwait(&g_ev_cond, &g_mu, &until);
+        /* a sleep a signal ends, as a real driver's wait: nvml.h says it "can return before
+         * specified timeout passes (e.g. when interrupt arrives)", with TIMEOUT (a signal whose
+         * handler runs on this thread; the exporter's stop() sends one). A condition wait would
+         * not return for it; events another thread's call delivers are seen at the slice's end */
+        pthread_mutex_unlock(&g_mu);
+        int slept = poll(NULL, 0, (int)(left < slice_ms ? left : slice_ms));
+        int interrupted = slept < 0 && errno == EINTR;
+        pthread_mutex_lock(&g_mu);
+        if (interrupted) return leave(EV_RC_TIMEOUT);
         maybe_reload(); /* may queue injected events to this set */
         if (g_init_refs <= 0) return leave(NVML_ERROR_UNINITIALIZED);
         if (!set->live) return leave(NVML_ERROR_INVALID_ARGUMENT); /* freed meanwhile */

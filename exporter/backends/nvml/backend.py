@@ -602,6 +602,8 @@ class NvmlBackend:
             self._gpm.forget(key)
         if identity is not None:
             self._counters.forget(identity.uuid or identity.pci_bus_id or f"#index-{identity.index}")
+            if self._xid is not None and identity.uuid:  # its XID series go with the rest
+                self._xid.forget(identity.uuid)
             self._log.info("GPU no longer enumerated for long; its series are dropped",
                            extra=fields(gpu=identity.index, uuid=identity.uuid))
 

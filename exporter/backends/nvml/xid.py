@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +26,17 @@ from .errors import LOST_CODES, BackendDown, DeviceDown, Missing, call, describe
 
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError  # 0x8, registered on its own: any other bit may be NOT_SUPPORTED
 THREAD_NAME = "resmon-xid"
+# The longest wait the contract allows (v4): the thread's only periodic wakeup, once per 5 s
+# while nothing happens. An event ends a wait at once, and stop() ends it early (_interrupt).
+WAIT_MS = 5000
+# stop() cuts a wait short with this signal to the thread: nvml.h says the wait "can return
+# before specified timeout passes (e.g. when interrupt arrives)", as NVML_ERROR_TIMEOUT. Its
+# default action is to ignore it (nothing would be interrupted); a no-op handler, installed only
+# where the process has none of its own, makes it end the blocking call instead. Without that
+# handler nothing is sent and a stopped thread leaves when its wait runs out (close() does not
+# wait for that; the CLI waits 1 s for it, then exits regardless).
+WAKE_SIGNAL = signal.SIGURG
+_FORGOTTEN_KEPT = 64  # forgotten UUIDs whose late events are ignored; memory stays bounded
 _TIMEOUT = object()  # a wait that saw nothing; call() would report TIMEOUT as a device fault
 
 
@@ -48,6 +60,21 @@ def _wait(event_set: Any, wait_ms: int) -> Any:
         return pynvml.nvmlEventSetWait_v2(event_set, wait_ms)
     except pynvml.NVMLError_Timeout:
         return _TIMEOUT
+
+
+def _woken(signum: int, frame: Any) -> None:
+    """WAKE_SIGNAL's handler: there only so that the signal interrupts the event wait."""
+
+
+def _install_wake() -> bool:
+    """WAKE_SIGNAL's no-op handler, unless the process has its own (Python sets handlers on
+    the main thread only: built elsewhere, stop() sends nothing). True when it is ours."""
+    try:
+        if signal.getsignal(WAKE_SIGNAL) == signal.SIG_DFL and threading.current_thread() is threading.main_thread():
+            signal.signal(WAKE_SIGNAL, _woken)
+        return signal.getsignal(WAKE_SIGNAL) is _woken
+    except (ValueError, OSError):  # an embedding without signals
+        return False
 
 
 def _register(handle: Any, event_set: Any) -> bool:
@@ -78,9 +105,11 @@ def _worse(old: _Failed | None, new: _Failed) -> _Failed:
 
 
 class XidWatcher:
-    def __init__(self, log: logging.Logger, wait_ms: int = 500, min_backoff: float = 1.0, max_backoff: float = 30.0) -> None:
+    def __init__(
+        self, log: logging.Logger, wait_ms: int = WAIT_MS, min_backoff: float = 1.0, max_backoff: float = 30.0
+    ) -> None:
         self._log = log
-        self._wait_ms = max(0, min(int(wait_ms), 1000))  # the spec's bound on the thread's wakeups
+        self._wait_ms = max(0, min(int(wait_ms), WAIT_MS))  # the contract's bound (v4: 5 s)
         self._min_backoff = min_backoff
         self._max_backoff = max(min_backoff, max_backoff)
         self._lock = threading.Lock()
@@ -91,8 +120,14 @@ class XidWatcher:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._out = False  # the running thread has freed its set and makes no more NVML calls
+        self._waiting = False  # the thread is in (or entering) nvmlEventSetWait_v2
+        _install_wake()
         self._on_exit: Callable[[], None] | None = None  # stop()'s callback for a thread still inside NVML
         self._counts: dict[tuple[str, int], tuple[int, float]] = {}
+        # GPUs the backend forgot (departed long ago): their counts are gone and a late event
+        # from them (they stay registered: NVML has no unregister) is not counted, until a
+        # watch() names them again
+        self._forgotten: dict[str, None] = {}  # insertion-ordered: the oldest go beyond _FORGOTTEN_KEPT
         self._watched: frozenset[str] = frozenset()
         self._healthy = True
         self._duration = 0.0
@@ -103,6 +138,8 @@ class XidWatcher:
     def watch(self, devices: Mapping[str, Any]) -> None:
         key = {uuid: _pointer(h) for uuid, h in devices.items() if uuid}
         with self._lock:
+            for uuid in [u for u in key if u in self._forgotten]:
+                del self._forgotten[uuid]  # enumerated again: counted again, from 0
             if key != self._key:
                 self._devices = {uuid: h for uuid, h in devices.items() if uuid}
                 self._key = key
@@ -115,6 +152,17 @@ class XidWatcher:
                 self._stopping, self._out, self._on_exit = False, False, None
                 self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
                 self._thread.start()
+
+    def forget(self, uuid: str) -> None:
+        """The backend dropped this departed GPU: its XID series leave with its other series
+        (a counter that disappears is fine for Prometheus; one relabelled gpu="" is not)."""
+        with self._lock:
+            for key in [k for k in self._counts if k[0] == uuid]:
+                del self._counts[key]
+            self._forgotten.pop(uuid, None)
+            self._forgotten[uuid] = None
+            while len(self._forgotten) > _FORGOTTEN_KEPT:  # a board re-enumerating under new UUIDs again and again
+                del self._forgotten[next(iter(self._forgotten))]
 
     def state(self) -> XidState:
         with self._lock:
@@ -134,10 +182,23 @@ class XidWatcher:
             if on_exit is not None:
                 self._on_exit = on_exit
             self._wake.notify_all()
+            self._interrupt(thread)
         if thread is not threading.current_thread():  # on_exit may ask from the thread itself
-            thread.join(timeout)
+            until = time.monotonic() + timeout
+            while thread.is_alive() and time.monotonic() < until:
+                # again now and then: a signal that came just before the wait began missed it
+                thread.join(min(0.1, max(0.0, until - time.monotonic())))
+                with self._lock:
+                    self._interrupt(thread)
         with self._lock:
             return self._out or not thread.is_alive()
+
+    def _interrupt(self, thread: threading.Thread) -> None:
+        """End the thread's event wait now (WAKE_SIGNAL). Called under the lock: while _out is
+        unset the thread has not ended, so its id is still its own."""
+        if self._waiting and not self._out and thread.ident is not None and thread is not threading.current_thread():
+            if signal.getsignal(WAKE_SIGNAL) is _woken:
+                signal.pthread_kill(thread.ident, WAKE_SIGNAL)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -283,12 +344,19 @@ class XidWatcher:
 
     def _receive(self, event_set: Any, table: dict[int | None, str]) -> None:
         """One bounded wait; an XID is counted under the UUID its handle was registered as."""
+        with self._lock:
+            if self._stopping:  # a stop() since the loop looked: no wait to interrupt
+                return
+            self._waiting = True
         try:
             data = call(_wait, event_set, self._wait_ms)
         except BackendDown as err:
             raise _Failed("wait", err, library_lost=True) from None
         except (DeviceDown, Missing) as err:  # GPU_IS_LOST, UNKNOWN, ...
             raise _Failed("wait", err) from None
+        finally:
+            with self._lock:
+                self._waiting = False
         if data is _TIMEOUT:
             return
         if data is None:  # NOT_SUPPORTED from a wait: not something to count on
@@ -305,8 +373,13 @@ class XidWatcher:
             return
         xid = int(data.eventData)
         with self._lock:
-            count, _ = self._counts.get((uuid, xid), (0, 0.0))
-            self._counts[(uuid, xid)] = (count + 1, time.time())  # the struct has no timestamp
+            forgotten = uuid in self._forgotten  # a departed GPU's late event: it has no series any more
+            if not forgotten:
+                count, _ = self._counts.get((uuid, xid), (0, 0.0))
+                self._counts[(uuid, xid)] = (count + 1, time.time())  # the struct has no timestamp
+        if forgotten:
+            self._log.debug("XID event from a forgotten GPU, not counted", extra=fields(uuid=uuid, xid=xid))
+            return
         self._log.info("XID event", extra=fields(uuid=uuid, xid=xid))
 
     def _free(self, event_set: Any) -> None:
