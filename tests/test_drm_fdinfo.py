@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,13 @@ def clock() -> Clock:
     return Clock()
 
 
+# a scan of these trees takes milliseconds; a reader waits for it up to this (a loaded machine
+# must not make a read late: tests/test_drm_scan.py tests the default wait and a late scan)
+WAIT = 60.0
+
+
 def reader(proc: FakeProc, clock: Clock, drivers: frozenset[str] = AMD, **kw: int) -> DrmUsage:
-    return DrmUsage(str(proc.root), drivers, clock=clock, **kw)
+    return DrmUsage(str(proc.root), drivers, clock=clock, wait=WAIT, **kw)
 
 
 def read(usage: DrmUsage) -> dict[str, DeviceUsage]:
@@ -149,15 +155,20 @@ def test_xe_timestamp_restart_is_a_new_baseline(proc: FakeProc, clock: Clock) ->
     assert busy(out[ARC])["render"] == pytest.approx(0.5)
 
 
-def test_xe_share_over_capacity_is_clamped(proc: FakeProc, clock: Clock) -> None:
+def test_xe_share_over_capacity_is_held_back_then_clamped(proc: FakeProc, clock: Clock) -> None:
     proc.add_drm_fd(100, 5, xe_client(ARC, 3, rcs_cycles=0, rcs_total=1_000))
     usage = reader(proc, clock, INTEL)
     read(usage)
     clock.advance(2)
     proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=5_000, rcs_total=2_000))  # more busy than elapsed
     out = read(usage)
+    assert "render" not in dict(only(out[ARC]).utilization)  # held back: a glitch unless it stays
+    assert busy(out[ARC])["render"] == 0.0
+    clock.advance(2)
+    proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=5_500, rcs_total=3_000))  # it stayed: real
+    out = read(usage)
     assert dict(only(out[ARC]).utilization)["render"] == 1.0
-    assert busy(out[ARC])["render"] == 2.0  # at most the wall time x one engine
+    assert busy(out[ARC])["render"] == 4.0  # at most the wall time x one engine
 
 
 def test_time_wins_over_cycles_for_one_engine(proc: FakeProc, clock: Clock) -> None:
@@ -230,7 +241,8 @@ def test_a_client_shared_across_fork_is_listed_by_each_and_counted_once(proc: Fa
         proc.add_drm_fd(pid, 3, amdgpu_client(RX, 9, gfx_ns=4 * S, vram_kib=2048))
     usage = reader(proc, clock)
     out = read(usage)
-    assert out[RX].processes == (GpuProcess(200, 2048 * KIB, ()), GpuProcess(201, 2048 * KIB, ()))
+    # its VRAM once, under the lowest pid; the other holds none of its own
+    assert out[RX].processes == (GpuProcess(200, 2048 * KIB, ()), GpuProcess(201, 0, ()))
     assert busy(out[RX]) == {"gfx": 4.0}
     clock.advance(2)
     for pid in (200, 201):
@@ -256,8 +268,13 @@ def test_rate_since_the_previous_read(proc: FakeProc, clock: Clock) -> None:
     clock.advance(2)
     proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=18 * S, compute_ns=S // 2))
     out = read(usage)
-    assert only(out[RX]).utilization == (("compute", 0.0), ("gfx", 1.0))  # clamped
-    assert busy(out[RX]) == {"compute": 0.5, "gfx": 18.0}
+    assert only(out[RX]).utilization == (("compute", 0.0),)  # 10 s in 2 s: held back, no rate
+    assert busy(out[RX]) == {"compute": 0.5, "gfx": 8.0}
+    clock.advance(2)
+    proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=19 * S, compute_ns=S // 2))
+    out = read(usage)
+    assert only(out[RX]).utilization == (("compute", 0.0), ("gfx", 1.0))  # it stayed: clamped
+    assert busy(out[RX]) == {"compute": 0.5, "gfx": 12.0}  # 4 s since 8 s was counted, not 11
 
 
 def test_a_process_sums_its_clients_and_new_ones_wait_a_read(proc: FakeProc, clock: Clock) -> None:
@@ -450,12 +467,32 @@ def test_a_process_with_64k_fds_costs_at_most_the_cap(proc: FakeProc, clock: Clo
 
     monkeypatch.setattr(fdinfo.os, "readlink", counting)
     out = read(reader(proc, clock, max_fds_per_process=cap))
-    assert set(out) == {RX}  # the DRM fd past the cap is not looked at
-    assert [p.pid for p in out[RX].processes] == [100, 200]
-    assert 3 < calls["mine"] <= cap
+    # which 4096 of the 65536 this tree lists first is its file system's order (procfs's is
+    # ascending: test_procfs_lists_a_process_fds_lowest_first); pid 200 is found whole
+    assert 200 in {p.pid for p in out[RX].processes}
+    assert calls["mine"] == cap  # 4096 readlinks, not 65536
     assert calls["other"] == 1
-    # and it is the cap that left it out
-    assert set(read(reader(proc, clock, max_fds_per_process=fds))) == {RX, MI}
+    # and it is the cap that leaves the rest out
+    out = read(reader(proc, clock, max_fds_per_process=fds))
+    assert set(out) == {RX, MI} and [p.pid for p in out[RX].processes] == [100, 200]
+
+
+def test_procfs_lists_a_process_fds_lowest_first() -> None:
+    # what "the first max_fds_per_process entries are the lowest fds" rests on: Linux's
+    # /proc/PID/fd lists the fd table from 0 up, gaps and all
+    opened = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC) for _ in range(600)]
+    try:
+        for fd in opened[100:500:3]:
+            os.close(fd)
+        with os.scandir(f"/proc/{os.getpid()}/fd") as entries:
+            listed = [int(e.name) for e in entries]
+        assert len(listed) > 400 and listed == sorted(listed)
+    finally:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # closed above
 
 
 def test_an_unchanged_fd_listing_is_not_readlinked_again_and_a_reused_fd_number_is_found_within_ten_reads(
@@ -497,18 +534,23 @@ def test_concurrent_reads_while_counters_grow(proc: FakeProc) -> None:
     for pid in pids:
         proc.add_drm_fd(pid, 3, amdgpu_client(RX, pid, gfx_ns=values[pid], compute_ns=values[pid] // 2))
     proc.add_drm_fd(103, 3, xe_client(ARC, 1, rcs_cycles=0, rcs_total=0))
-    usage = DrmUsage(str(proc.root), AMD | INTEL)  # the real clock
+    usage = DrmUsage(str(proc.root), AMD | INTEL, wait=WAIT)  # the real clock
     results: list[dict[str, DeviceUsage]] = []
     errors: list[BaseException] = []
     stop = threading.Event()
 
     def write() -> None:
         step = 0
+        last = time.monotonic_ns()
         try:
             while not stop.is_set():
                 step += 1
+                # busy a tenth of the wall time: a counter cannot grow faster than the wall clock
+                # (growth beyond it is held back as a glitch and clamped)
+                now = time.monotonic_ns()
+                grown, last = (now - last) // 10, now
                 for pid in pids:
-                    values[pid] += 12_345_678
+                    values[pid] += grown
                     proc.set_fdinfo(pid, 3, amdgpu_client(RX, pid, gfx_ns=values[pid], compute_ns=values[pid] // 2))
                 proc.set_fdinfo(103, 3, xe_client(ARC, 1, rcs_cycles=step * 300, rcs_total=step * 1000))
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -544,41 +586,225 @@ def test_concurrent_reads_while_counters_grow(proc: FakeProc) -> None:
     for earlier, later in zip(ordered, ordered[1:]):
         for key, seconds in earlier.items():
             assert later[key] >= seconds, (key, earlier, later)
-    # and nothing was counted twice: each client's whole busy time, once
+    # and nothing was counted twice: each client's whole busy time, once (the first read waits
+    # for a scan that may have begun before the last write; the second is a scan begun after it)
+    read(usage)
     final = series(read(usage))
     assert final[(RX, "gfx")] == sum(values.values()) / 1e9
     assert final[(RX, "compute")] == sum(v // 2 for v in values.values()) / 1e9
 
 
-def test_one_read_at_a_time(proc: FakeProc, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_scan_at_a_time_and_a_late_one_is_served_once_stale(
+        proc: FakeProc, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     proc.add_drm_fd(100, 3, amdgpu_client(RX, 1, gfx_ns=S))
-    usage = reader(proc, clock)
+    usage = DrmUsage(str(proc.root), AMD, clock=clock, wait=0.05)
+    assert busy(wait_read(usage)[RX]) == {"gfx": 1.0} and not usage.stale
     entered = threading.Semaphore(0)
     release = threading.Event()
     real = os.listdir
 
     def listdir(path: str) -> list[str]:
-        if str(path) == str(proc.root):  # a read starts by listing procfs
+        if str(path) == str(proc.root):  # a scan starts by listing procfs
             entered.release()
             assert release.wait(30)
         return real(path)
 
     monkeypatch.setattr(fdinfo.os, "listdir", listdir)
-    results: list[dict[str, DeviceUsage] | None] = []
-    threads = [threading.Thread(target=lambda: results.append(usage.read())) for _ in range(2)]
-    for t in threads:
-        t.start()
+    scans = usage.scans
+    clock.advance(2)
+    proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=2 * S))
     try:
+        assert usage.read() is None  # late, and the last finished scan was served already
         assert entered.acquire(timeout=30)
-        assert not entered.acquire(timeout=0.3)  # the second read waits for the first
+        results = [usage.read() for _ in range(3)]
+        assert results == [None] * 3
+        assert not entered.acquire(timeout=0.3)  # the reads waited for the stuck scan, started none
     finally:
         release.set()
-        for t in threads:
-            t.join(30)
-    assert entered.acquire(timeout=0)  # and then it ran
-    assert [busy(r[RX]) for r in results if r is not None] == [{"gfx": 1.0}, {"gfx": 1.0}]
+    deadline = time.monotonic() + 30
+    while usage.scans == scans:  # the late scan ends on its own thread
+        assert time.monotonic() < deadline, "the released scan did not finish"
+        time.sleep(0.01)
+    release.clear()  # the next scan blocks: the late one's result is served, once, marked stale
+    clock.advance(2)
+    try:
+        out = usage.read()
+        assert out is not None and usage.stale
+        assert busy(out[RX]) == {"gfx": 2.0} and only(out[RX]).utilization == (("gfx", 0.5),)
+        assert usage.read_at == 1002.0  # its scan's time: its rates end there
+        assert usage.read() is None  # served once
+    finally:
+        release.set()
+
+
+def wait_read(usage: DrmUsage) -> dict[str, DeviceUsage]:
+    """usage.read() until it answers, polled until a deadline (a reader with a short wait)."""
+    deadline = time.monotonic() + 30
+    while (out := usage.read()) is None:
+        assert time.monotonic() < deadline, "no scan finished"
+    return out
 
 
 def test_helpers_write_realistic_sizes() -> None:
     assert [kernel_size(n) for n in (0, 1000, 1024, 1536 * KIB, 3 * MIB, 2**40)] == [
         "0", "1000", "1 KiB", "1536 KiB", "3 MiB", f"{2**20} MiB"]
+
+
+# -- issue 35: forked workers, glitches, retired clients, the listing's bound ------------
+
+
+def test_a_client_shared_across_fork_has_its_memory_under_the_lowest_pid_once(proc: FakeProc, clock: Clock) -> None:
+    # a 4 GiB trainer (pid 200) and its DataLoader workers: one drm_file under three pids
+    for pid in (200, 201, 202):
+        proc.add_drm_fd(pid, 3, amdgpu_client(RX, 9, gfx_ns=4 * S, vram_kib=4 * MIB))
+    proc.add_drm_fd(201, 4, amdgpu_client(RX, 10, vram_kib=16), node="card0")  # a worker's own client
+    # an integrated GPU's client shared the same way reports no VRAM: unknown under each pid
+    for pid in (300, 301):
+        proc.add_drm_fd(pid, 3, {"drm-driver": "amdgpu", "drm-pdev": MI, "drm-client-id": "11",
+                                 "drm-total-gtt": "1 MiB"}, node="renderD129")
+    out = read(reader(proc, clock))
+    assert [(p.pid, p.memory_bytes) for p in out[RX].processes] == [(200, 4 * MIB * KIB), (201, 16 * KIB), (202, 0)]
+    assert sum(p.memory_bytes or 0 for p in out[RX].processes) == 4 * MIB * KIB + 16 * KIB  # the pod's sum: once
+    assert [(p.pid, p.memory_bytes) for p in out[MI].processes] == [(300, None), (301, None)]
+    assert busy(out[RX]) == {"gfx": 4.0}
+
+
+def test_a_glitched_value_is_not_added_and_the_client_is_counted_afterwards(proc: FakeProc, clock: Clock) -> None:
+    proc.add_drm_fd(100, 3, amdgpu_client(RX, 1, gfx_ns=2 * S))
+    usage = reader(proc, clock)
+    assert busy(read(usage)[RX]) == {"gfx": 2.0}
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=2**63))  # 9.2e9 s in 1 s: a glitch
+    out = read(usage)
+    assert busy(out[RX]) == {"gfx": 2.0}
+    assert only(out[RX]).utilization == ()  # no measurement this read
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=3 * S))  # back below it: it was a glitch
+    out = read(usage)
+    assert busy(out[RX]) == {"gfx": 3.0}
+    assert only(out[RX]).utilization == (("gfx", 0.5),)  # 1 s over the 2 s since the last good value
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, amdgpu_client(RX, 1, gfx_ns=3 * S + S // 2))
+    out = read(usage)
+    assert busy(out[RX]) == {"gfx": 3.5} and only(out[RX]).utilization == (("gfx", 0.5),)
+
+
+def test_growth_that_stays_beyond_wall_time_counts_at_most_wall_time_times_capacity(
+        proc: FakeProc, clock: Clock) -> None:
+    def text(ns: int) -> dict[str, str]:
+        return {"drm-driver": "amdgpu", "drm-pdev": RX, "drm-client-id": "1", "drm-engine-dec": f"{ns} ns",
+                "drm-engine-capacity-dec": "2"}
+
+    proc.add_drm_fd(100, 3, text(0))
+    usage = reader(proc, clock)
+    read(usage)
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, text(5 * S))  # 5 s of two engines in 1 s: held back
+    assert busy(read(usage)[RX]) == {"dec": 0.0}
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, text(6 * S))  # it did not go back: counted, up to 2 s x 2 engines
+    out = read(usage)
+    assert busy(out[RX]) == {"dec": 2.0}  # per engine of the class: at most the wall time
+    assert only(out[RX]).utilization == (("dec", 1.0),)
+    clock.advance(1)
+    proc.set_fdinfo(100, 3, text(7 * S))
+    out = read(usage)
+    assert busy(out[RX]) == {"dec": 2.5} and only(out[RX]).utilization == (("dec", 0.5),)
+
+
+def test_a_glitched_xe_cycle_count_is_not_added_and_the_client_is_counted_afterwards(
+        proc: FakeProc, clock: Clock) -> None:
+    proc.add_drm_fd(100, 5, xe_client(ARC, 3, rcs_cycles=0, rcs_total=1_000))
+    usage = reader(proc, clock, INTEL)
+    read(usage)
+    clock.advance(1)
+    proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=10**15, rcs_total=2_000))  # a glitch
+    assert busy(read(usage)[ARC])["render"] == 0.0
+    clock.advance(1)
+    proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=500, rcs_total=3_000))
+    out = read(usage)
+    assert busy(out[ARC])["render"] == pytest.approx(0.5)  # 500 of 2000 ticks over the 2 s since the good value
+    clock.advance(1)
+    proc.set_fdinfo(100, 5, xe_client(ARC, 3, rcs_cycles=1_000, rcs_total=4_000))
+    out = read(usage)
+    assert dict(only(out[ARC]).utilization)["render"] == pytest.approx(0.5)
+    assert busy(out[ARC])["render"] == pytest.approx(1.0)
+
+
+def test_a_client_back_after_its_memory_was_evicted_does_not_add_its_lifetime_twice(
+        proc: FakeProc, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fdinfo, "_RETIRED_MAX", 2)
+    proc.add_drm_fd(100, 3, amdgpu_client(RX, 1, gfx_ns=3 * S))
+    usage = reader(proc, clock)
+    assert busy(read(usage)[RX]) == {"gfx": 3.0}
+    proc.remove_fd(100, 3)  # in flight over a socket, say
+    for client in (2, 3, 4):  # more clients come and go than the reader remembers
+        clock.advance(1)
+        proc.add_drm_fd(200 + client, 3, amdgpu_client(RX, client, gfx_ns=0))
+        read(usage)
+        proc.remove_process(200 + client)
+    clock.advance(1)
+    read(usage)
+    clock.advance(1)
+    proc.add_drm_fd(100, 4, amdgpu_client(RX, 1, gfx_ns=4 * S))  # client 1 again: an older id than those
+    assert busy(read(usage)[RX]) == {"gfx": 3.0}  # not 3 + 4: its lifetime was counted; a new baseline
+    clock.advance(1)
+    proc.set_fdinfo(100, 4, amdgpu_client(RX, 1, gfx_ns=4 * S + S // 2))
+    out = read(usage)
+    assert busy(out[RX]) == {"gfx": 3.5} and only(out[RX]).utilization == (("gfx", 0.5),)
+    proc.add_drm_fd(100, 5, amdgpu_client(RX, 9, gfx_ns=S))  # a newer id is a new client: its whole lifetime
+    assert busy(read(usage)[RX]) == {"gfx": 4.5}
+
+
+class _CountingScandir:
+    """os.scandir of one directory, counting the entries taken from it."""
+
+    def __init__(self, it: object, counts: dict[str, int]) -> None:
+        self._it = it
+        self._counts = counts
+
+    def __enter__(self) -> "_CountingScandir":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._it.close()  # type: ignore[attr-defined]
+
+    def __iter__(self) -> "_CountingScandir":
+        return self
+
+    def __next__(self) -> os.DirEntry:
+        entry = next(self._it)  # type: ignore[call-overload]
+        self._counts["entries"] += 1
+        return entry
+
+
+def test_the_fd_listing_stops_at_the_bound_and_keeps_no_names(proc: FakeProc, clock: Clock,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracemalloc
+
+    pid, cap, fds = 100, 500, 10_000
+    proc.add_process(pid)
+    fd_dir = proc.pid_dir(pid) / "fd"
+    for fd in range(fds):
+        os.symlink("/dev/null", fd_dir / str(fd))
+    counts = {"entries": 0}
+    real = os.scandir
+
+    def scandir(path: str = ".") -> object:
+        it = real(path)
+        return _CountingScandir(it, counts) if os.fspath(path) == str(fd_dir) else it
+
+    monkeypatch.setattr(fdinfo.os, "scandir", scandir)
+    usage = reader(proc, clock, max_fds_per_process=cap)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert read(usage) == {}
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0 < counts["entries"] <= cap  # the listing itself stops at the bound
+    assert kept < 256 * KIB, kept  # what is remembered of the process is not its 10,000 fd names
