@@ -104,7 +104,13 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix=f"resmon-demo-{name}-"))
     exporter: subprocess.Popen[str] | None = None
     try:
-        env, flags = machine.start(root)
+        try:
+            env, flags = machine.start(root)
+        except Exception as e:  # a failed build or a kubelet that cannot bind: one line, not a traceback
+            if stopping.is_set():  # Ctrl-C reached gcc too
+                return 0
+            print(f"demo: the {name} machine did not start: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+            return 1
         if stopping.is_set():
             return 0
         cmd = [sys.executable, "-m", "resmon_exporter", f"--web.listen-address={listen}", *flags]
