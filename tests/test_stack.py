@@ -285,7 +285,8 @@ def test_rules_are_annotated():
 def test_compose_file_is_valid_and_mounts_exist():
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     result = subprocess.run([need("docker-compose"), "-f", str(REPO / "docker-compose.yml"), "--profile", "nogpu",
-                             "--profile", "node", "config", "-q"], capture_output=True, text=True, timeout=120, cwd=REPO)
+                             "--profile", "demo", "--profile", "node", "config", "-q"], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stderr
     services = compose["services"]
     assert {"exporter", "prometheus", "alertmanager", "grafana", "node-exporter", "exporter-nogpu"} <= set(services)
@@ -305,6 +306,45 @@ def test_compose_file_is_valid_and_mounts_exist():
     amtool = subprocess.run([need("amtool"), "check-config", str(REPO / "alertmanager" / "alertmanager.yml")],
                             capture_output=True, text=True, timeout=60)
     assert amtool.returncode == 0, amtool.stdout + amtool.stderr
+
+
+def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """docker-compose's own reading of the file with these profiles (v1: it validates against
+    its schema and resolves variables); the normalized YAML it prints."""
+    import os
+
+    args = [a for p in profiles for a in ("--profile", p)]
+    result = subprocess.run([need("docker-compose"), "-f", str(REPO / "docker-compose.yml"), *args, "config"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, **(env or {})})
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_compose_profiles_publish_distinct_host_ports_and_run_the_demo():
+    """Issue 35 item 5: every exporter variant (GPU, nogpu, demo) answers to the alias that
+    Prometheus scrapes, but publishes its own host port, so no two services of any profile
+    mix bind one port; the demo builds demo/Dockerfile and runs the machine RESMON_DEMO_MACHINE
+    names (h100 by default), its health check on the port it listens on."""
+    services = compose_config("nogpu", "demo", "node")["services"]
+    published: dict[int, str] = {}
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            host = int(port["published"])
+            assert host not in published, f"{name} and {published[host]} both publish host port {host}"
+            published[host] = name
+    variants = {name for name, svc in services.items() if "exporter" in svc.get("networks", {}).get("default", {}).get(
+        "aliases", [])} | {"exporter"}
+    assert variants == {"exporter", "exporter-nogpu", "exporter-demo"}
+    assert published[9636] == "exporter" and all(
+        any(int(p["target"]) == 9636 for p in services[v]["ports"]) for v in variants)
+    demo = services["exporter-demo"]
+    assert demo["profiles"] == ["demo"] and demo["build"]["dockerfile"] == "demo/Dockerfile"
+    assert demo["build"]["context"] == str(REPO) and (REPO / "demo" / "Dockerfile").is_file()
+    assert demo["command"] == ["h100", "--listen", ":9636"]
+    assert "127.0.0.1:9636/-/healthy" in " ".join(demo["healthcheck"]["test"])
+    amd = compose_config("demo", env={"RESMON_DEMO_MACHINE": "amd"})["services"]["exporter-demo"]
+    assert amd["command"][0] == "amd"
+    assert "deploy" not in demo, "the demo needs no GPU"
 
 
 def test_grafana_provisioning_matches_the_compose_mounts():
