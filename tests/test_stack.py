@@ -320,6 +320,7 @@ def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict[st
     return yaml.safe_load(result.stdout)
 
 
+@pytest.mark.e2e  # docker-compose, through compose_config (conftest sees only the test's own names)
 def test_compose_profiles_publish_distinct_host_ports_and_run_the_demo():
     """Issue 35 item 5: every exporter variant (GPU, nogpu, demo) answers to the alias that
     Prometheus scrapes, but publishes its own host port, so no two services of any profile
