@@ -346,6 +346,13 @@ def test_compose_profiles_publish_distinct_host_ports_and_run_the_demo():
     amd = compose_config("demo", env={"RESMON_DEMO_MACHINE": "amd"})["services"]["exporter-demo"]
     assert amd["command"][0] == "amd"
     assert "deploy" not in demo, "the demo needs no GPU"
+    # the compose stack's documentation gives each variant's own address and a start that names it
+    doc = (REPO / "docs" / "alerts.md").read_text()
+    for variant in variants:
+        [host] = [int(p["published"]) for p in services[variant]["ports"]]
+        assert f"http://localhost:{host}/metrics" in doc, variant
+    for profile, variant in (("nogpu", "exporter-nogpu"), ("demo", "exporter-demo")):
+        assert f"--profile {profile} up -d prometheus alertmanager grafana {variant}" in doc, variant
 
 
 def test_grafana_provisioning_matches_the_compose_mounts():
