@@ -186,6 +186,11 @@ def test_the_demo_image_gets_what_the_demo_runs(tmp_path):
     out as the image lays them out (the exporter itself is the installed package)."""
     from test_image import sent
 
+    def last(path: Path, instruction: str) -> str:
+        return [i["value"] for i in DockerfileParser(path=str(path)).structure if i["instruction"] == instruction][-1]
+
+    for instruction in ("FROM", "USER"):  # the exporter image's pinned base and uid (tests/test_image.py checks them)
+        assert last(REPO / "demo" / "Dockerfile", instruction) == last(REPO / "Dockerfile", instruction), instruction
     files = image_files()
     ignore = (REPO / ".dockerignore").read_text()
     assert [f for f in files.values() if not sent(ignore, f)] == []
