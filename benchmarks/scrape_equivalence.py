@@ -78,10 +78,12 @@ def family(line: str) -> str:
     return name
 
 
-def normalise(text: str, pid: int) -> str:
+def normalise(text: str) -> str:
     out = []
     for line in text.splitlines():
-        line = line.replace(f'"{pid}"', '"<harness-pid>"')  # the fake's processes are this script's
+        # the fake's processes are this script's and its parent's (tests/scenarios.py)
+        line = line.replace(f'pid="{os.getpid()}"', 'pid="<harness-pid>"')
+        line = line.replace(f'pid="{os.getppid()}"', 'pid="<harness-parent-pid>"')
         if line and not line.startswith("#") and (family(line) in VARYING or line.startswith(VARYING_SERIES)):
             line = line.rsplit(" ", 1)[0] + " <varies>"
         out.append(line)
@@ -98,7 +100,7 @@ def scrape_machine(name: str, lib: Path, work: Path, env_extra: dict[str, str]) 
         exporter.wait_ready()
         exporter.wait_for(ready, timeout=30.0)
         exporter.scrape()  # a second full read: counters and sample integrals past their first answer
-        return normalise(exporter.scrape().text, os.getpid())
+        return normalise(exporter.scrape().text)
     finally:
         exporter.stop()
 
