@@ -124,10 +124,12 @@ def main(argv: list[str]) -> int:
         if not listening:
             print(f"demo: the exporter exited with status {exporter.wait()}", file=sys.stderr)
             return 1
-        address = listening[0]
-        note = getattr(machine, "note", "")
-        if note:
-            print(f"demo: {note}", flush=True)
+        # the exporter logs every address it bound ("[::]:9636,0.0.0.0:9636" for ":9636"): the last
+        # one, a wildcard shown as localhost
+        host, _, port = listening[0].split(",")[-1].rpartition(":")
+        address = f"{'localhost' if host in ('', '0.0.0.0', '[::]') else host}:{port}"
+        if machine.note:
+            print(f"demo: {machine.note}", flush=True)
         print(f"demo: metrics at http://{address}/metrics; Ctrl-C stops it", flush=True)
         started = last = time.monotonic()
         while not stopping.wait(TICK_S):

@@ -35,6 +35,7 @@ class Machine:
 
     name = ""
     title = ""
+    note = ""  # printed at start: what this run lacks
 
     def start(self, root: Path) -> tuple[dict[str, str], list[str]]:
         raise NotImplementedError
@@ -101,7 +102,6 @@ class H100(NvmlMachine):
     def __init__(self) -> None:
         super().__init__()
         self.users: Any = None
-        self.note = ""
         self.xid_gpus = tuple(sc.board_uuid("hopper", i) for i in range(self.COUNT))
 
     def initial(self, root: Path) -> dict[str, Any]:
