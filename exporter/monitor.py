@@ -4,7 +4,8 @@ A snapshot younger than cache_ttl is reused; concurrent callers share one refres
 flight), and every caller waits at most its own deadline. GPU reads run on one reader
 thread (start-up probing first, outside every deadline); the NVML backend reads each GPU on
 a worker of its own under it, so a GPU whose read is in flight longer than collect_timeout
-is down alone while the others report (amdgpu and gpu-tracker read as one unit). A read in
+is down alone while the others report (amdgpu and intel read each card on a thread of its
+own too; gpu-tracker reads as one unit). A read in
 flight longer than collect_timeout (NVML: a call outside any one GPU, a little later) is a
 hung driver: known GPUs are reported down until it returns. A caller
 whose own, shorter deadline expires first gets the last completed reading with the GPU

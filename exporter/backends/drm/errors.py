@@ -18,8 +18,8 @@ the helpers below, so the errno policy lives here and nowhere else:
   would otherwise overflow a float in the exposition): one odd answer never takes a
   working card down, and is never exported as 0.
 
-A read that blocks (a hung SMU) is not handled here: the whole refresh runs on the
-monitor's one GPU worker thread, bounded by --collect.timeout like a hung NVML call.
+A read that blocks (a hung SMU) is not handled here: each card is read on a thread of its
+own (drm/readers.py) with the refresh deadline, so it downs that card alone.
 """
 
 from __future__ import annotations
