@@ -391,6 +391,45 @@ def test_stop_with_on_exit_returns_at_once_and_the_thread_calls_back_once_out_of
     assert watcher.stop(5.0) and len(seen) == 1
 
 
+def test_stop_interrupts_a_long_wait_and_an_event_still_ends_one_at_once(nvml, make):
+    # issue 35: 5 s waits (the contract's bound; the default) make one wakeup per 5 s while
+    # idle; an event still ends a wait at once, and stop() ends one with WAKE_SIGNAL
+    scenario, trace = nvml
+    watcher = make(wait_ms=60_000)  # clamped to the contract's 5 s
+    watcher.watch(devices())
+    wait_until(lambda: builds(trace) == 1)
+    waits = trace.count("nvmlEventSetWait_v2")
+    inject(scenario, (A, 79))
+    injected = time.monotonic()
+    wait_until(lambda: counts(watcher.state()).get((A, 79)) == 1, what="the event counted")
+    assert time.monotonic() - injected < 2.5  # the wait returned with it, not at its timeout
+    assert trace.count("nvmlEventSetWait_v2") <= waits + 2  # that wait, and the next one begun
+    wait_until(lambda: trace.count("nvmlEventSetWait_v2") == waits + 1 and watcher._waiting, what="inside a wait")
+    started = time.monotonic()
+    assert watcher.stop(10.0)
+    assert time.monotonic() - started < 2.5  # not the rest of a 5 s wait
+    assert xid_threads() == []
+    assert trace.lines()[-1][0] == "nvmlEventSetFree"
+
+
+def test_a_forgotten_gpu_loses_its_counts_and_its_late_events_until_it_is_back(nvml, make):
+    # issue 35: the backend forgets a GPU gone for long; its xid series must go with it, and
+    # an event it still raises (it stays registered: NVML has no unregister) is not counted
+    scenario, _ = nvml
+    watcher = make()
+    watcher.watch(devices())
+    wait_until(lambda: watcher.state().watched == frozenset(UUIDS))
+    inject(scenario, (A, 79), (B, 48))
+    assert received(watcher, scenario) == {(A, 79): 1, (B, 48): 1}
+    watcher.forget(A)
+    assert received(watcher, scenario) == {(B, 48): 1}
+    inject(scenario, (A, 79))  # a late event of the forgotten GPU
+    assert received(watcher, scenario) == {(B, 48): 1}
+    watcher.watch(devices())  # the same mapping: A is enumerated again, counted anew from 0
+    inject(scenario, (A, 13))
+    assert received(watcher, scenario) == {(A, 13): 1, (B, 48): 1}
+
+
 # -- the fake's event sets themselves ----------------------------------------------------
 
 

@@ -66,7 +66,7 @@ _GPU_FIELDS: tuple[tuple[nvml_fields.Request, str], ...] = (  # with the read (w
     ((nvml_fields.PCIE_REPLAY_COUNTER, 0), "pcie_replays"),
     ((nvml_fields.GPU_TEMP, 0), "temperature"),
 )
-_XID_STOP_TIMEOUT = 1.5  # seconds; the watcher's wait is at most 0.5 s
+_XID_STOP_TIMEOUT = 1.5  # seconds; stop() interrupts the watcher's wait (up to 5 s: xid.WAKE_SIGNAL)
 _CLOCK_IDS = {
     "graphics": pynvml.NVML_CLOCK_GRAPHICS,
     "sm": pynvml.NVML_CLOCK_SM,
@@ -446,7 +446,7 @@ class NvmlBackend:
             pass
 
     def close(self) -> None:
-        """Prompt: the XID watcher (inside a wait of up to 0.5 s) and a GPU worker stuck in
+        """Prompt: the XID watcher (its wait interrupted, else up to 5 s) and a GPU worker stuck in
         a call are not waited for; shutting NVML down under them can crash, so the last of
         them out of NVML does it (_after_close), or this call when all are out already."""
         with self._close_lock:

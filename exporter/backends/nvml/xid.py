@@ -2,8 +2,9 @@
 
 XIDs are events, not values: NVML queues them on an event set and hands them out one per
 nvmlEventSetWait_v2 call, which blocks. So one daemon thread owns an event set registered for
-nvmlEventTypeXidCriticalError alone on every GPU that supports it, waits at most wait_ms per
-call and counts what arrives per (UUID, code). Everything else in the exporter stays on the
+nvmlEventTypeXidCriticalError alone on every GPU that supports it, waits up to WAIT_MS (5 s) per
+call (an event ends a wait at once; stop() ends one with WAKE_SIGNAL) and counts what arrives
+per (UUID, code). Everything else in the exporter stays on the
 scrape path; the backend only hands over the devices it enumerated (watch()) and stops the
 thread before every nvmlShutdown (stop()), since a set must not outlive the init that made it.
 """
@@ -171,7 +172,7 @@ class XidWatcher:
 
     def stop(self, timeout: float, on_exit: Callable[[], None] | None = None) -> bool:
         """Ask the thread to end; True once it makes no more NVML calls (waiting up to
-        timeout: it is inside a wait of at most wait_ms). on_exit: called on the thread once
+        timeout: its wait is interrupted, else it lasts up to wait_ms). on_exit: called on the thread once
         it is out of NVML, when that is after this returns False (close() does not wait out a
         wait: the thread's way out finishes the shutdown instead)."""
         with self._lock:
