@@ -452,8 +452,8 @@ def interval_lines(env: Env, table: Table, quick: bool) -> None:
     """The headline: what the exporter costs the node per scrape interval, against
     nvitop-exporter (which polls on its own every second), both with defaults."""
     # the fake's event wait re-reads its scenario every 10 ms by default; a real driver
-    # blocks for the whole wait, which a 1 s slice reproduces (the XID watcher is on)
-    eight = {**env.env(env.scenario(8)), "FAKE_NVML_EVENT_POLL_MS": "1000"}
+    # blocks for the whole wait, which a 5 s slice (the watcher's wait) reproduces (the XID watcher is on)
+    eight = {**env.env(env.scenario(8)), "FAKE_NVML_EVENT_POLL_MS": "5000"}
     for interval in ((5.0,) if quick else (5.0, 15.0)):
         n = 2 if quick else max(4, int(60 / interval))
         proc, port, _ = start_exporter(eight)
@@ -684,8 +684,8 @@ def main() -> int:
         many = 1000 if quick else 10000
         idle = 5.0 if quick else 60.0
         # the fake's event wait re-reads its scenario every 10 ms by default; a real driver
-        # blocks for the whole wait, which a 1 s slice reproduces
-        blocking = {**env.env(scenario), "FAKE_NVML_EVENT_POLL_MS": "1000"}
+        # blocks for the whole wait, which a 5 s slice (the watcher's wait) reproduces
+        blocking = {**env.env(scenario), "FAKE_NVML_EVENT_POLL_MS": "5000"}
         for i in range(runs):
             proc, port, seconds = start_exporter(blocking)
             try:
