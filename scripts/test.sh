@@ -6,6 +6,13 @@
 #      on the lowest supported Python with the lowest declared dependency versions
 #      (.venv-3.10, constraints/minimum.txt), and on the highest (.venv-3.13, newest versions).
 #
+# The stages run at once: stage 2's venvs are installed and tested in the background while
+# stage 1 runs, each logging to a file that is printed when it ends (most tests wait on
+# subprocesses, not on the CPU). Every pytest runs on pytest-xdist workers:
+# RESMON_TEST_WORKERS (default: twice the CPUs) for stage 1, and half as many for each fast
+# stage; RESMON_TEST_WORKERS=0 runs every stage serially in this process, one after another.
+# The exit status is 1 when any stage failed.
+#
 # With CI=true nothing may be left out: a missing tool, header or interpreter is an error, and
 # tests/ci_policy.py turns every skipped test into a failure. Without CI, a missing extra Python
 # is reported and its stage left out; RESMON_EXTRA_PYTHONS="" leaves stage 2 out entirely.
@@ -37,6 +44,8 @@ need gcc gcc libc6-dev
 need readelf binutils
 need systemd-analyze systemd
 need fusermount3 fuse3  # the amdgpu tests' FUSE sysfs (libfuse3-3 comes with it)
+need flock util-linux   # this script: one venv install at a time
+need setsid util-linux  # this script: each background stage in its own process group
 if ! command -v kubectl >/dev/null 2>&1; then
   [ "$ci" = 1 ] && die "kubectl >= 1.21 (kustomize Components) missing: tests/test_kubernetes_manifests.py needs it"
   echo "note: kubectl missing; the manifest tests are skipped" >&2
@@ -52,6 +61,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+logs=$(mktemp -d "${TMPDIR:-/tmp}/resmon-test.XXXXXX")
+pids=()      # the background stages, each the leader of its own process group (setsid)
+stages=()    # their names, in the same order
+# a stage still running when this script ends (Ctrl-C, a kill, an error) goes with it, its
+# pytest, workers and exporters included
+stop_stages() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  rm -rf "$logs"
+}
+trap stop_stages EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
 # -- virtual environments --------------------------------------------------------------------
 # make_venv DIR PYTHON [PIP ARGS...]: DIR with the test extra (and PIP ARGS, e.g. constraints)
 make_venv() {
@@ -59,7 +82,9 @@ make_venv() {
   shift 2
   "$python" -m venv "$dir"
   "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$dir/bin/python" -m pip install -q "$@" -e ".[test]"
+  # one install at a time: each writes resmon_exporter.egg-info into this checkout, and the
+  # venvs of stage 2 are installed at once (in the background)
+  flock "$logs/install.lock" "$dir/bin/python" -m pip install -q "$@" -e ".[test]"
   # NVIDIA's official nvml.h (proprietary licence: installed at test time, never committed);
   # the fake NVML is compiled against it in tests/test_fake_nvml.py.
   if ! "$dir/bin/python" -m pip install -q nvidia-nvml-dev; then
@@ -81,29 +106,81 @@ find_python() {
   return 1
 }
 
-failed=()
-
-# -- 1. full suite, system python -------------------------------------------------------------
-make_venv .venv python3
-stage_done "install .venv ($(.venv/bin/python -V))"
-.venv/bin/python -m pytest "$@" || failed+=("full suite on $(.venv/bin/python -V)")
-stage_done "full suite on $(.venv/bin/python -V)"
-
-# -- 2. fast tests on the lowest and highest supported Python --------------------------------
+# -- the stages ------------------------------------------------------------------------------
+# the extra interpreters first: under CI=true a missing one fails now, not after stage 1
+extras=()  # "version python" pairs
 for version in $extra_pythons; do
   if ! python=$(find_python "$version"); then
     [ "$ci" = 1 ] && die "Python $version not found (looked in $(pyenv root 2>/dev/null || echo ~/.pyenv)/versions and PATH)"
     echo "note: Python $version not found; its fast tests are left out" >&2
     continue
   fi
-  constraints=()
+  extras+=("$version $python")
+done
+
+cpus=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+workers=${RESMON_TEST_WORKERS:-$((2 * cpus))}
+case "$workers" in '' | *[!0-9]*) die "RESMON_TEST_WORKERS must be a number of workers, not '$workers'" ;; esac
+# -n 0: no workers, the tests run in pytest's own process (what RESMON_TEST_WORKERS=0 asks)
+xdist=(-p xdist -n "$workers")
+fast_xdist=(-p xdist -n "$(((workers + 1) / 2))")
+[ "$workers" = 0 ] && fast_xdist=(-p xdist -n 0)
+
+# fast_stage VERSION PYTHON [PYTEST ARGS...]: .venv-VERSION installed, then its fast tests
+fast_stage() {
+  local version=$1 python=$2 constraints=() start=$SECONDS
+  shift 2
   # the oldest Python gets the oldest dependency versions pyproject.toml declares
   [ "$version" = 3.10 ] && constraints=(-c constraints/minimum.txt)
   make_venv ".venv-$version" "$python" "${constraints[@]}"
-  stage_done "install .venv-$version ($("$python" -V)${constraints:+, minimum versions})"
-  ".venv-$version/bin/python" -m pytest -m "not e2e" "$@" || failed+=("fast tests on Python $version")
-  stage_done "fast tests on Python $version"
-done
+  echo "test.sh: install .venv-$version ($("$python" -V)${constraints:+, minimum versions}): $((SECONDS - start)) s" >&2
+  start=$SECONDS
+  local rc=0
+  ".venv-$version/bin/python" -m pytest -m "not e2e" "${fast_xdist[@]}" "$@" || rc=$?
+  echo "test.sh: fast tests on Python $version: $((SECONDS - start)) s" >&2
+  return "$rc"
+}
+
+failed=()
+background=1
+[ "$workers" = 0 ] && background=0  # serial: one stage after another, as before
+make_venv .venv python3
+stage_done "install .venv ($(.venv/bin/python -V))"
+
+# -- 2. fast tests on the lowest and highest supported Python, in the background --------------
+if [ "$background" = 1 ]; then
+  export -f fast_stage make_venv die
+  export ci logs
+  for extra in "${extras[@]}"; do
+    read -r version python <<<"$extra"
+    # setsid: its own process group, so stop_stages can end the whole stage
+    FAST_XDIST="${fast_xdist[*]}" setsid bash -c 'set -euo pipefail; read -ra fast_xdist <<<"$FAST_XDIST"; fast_stage "$@"' \
+      fast_stage "$version" "$python" "$@" >"$logs/$version.log" 2>&1 </dev/null &
+    pids+=($!)
+    stages+=("fast tests on Python $version")
+  done
+fi
+
+# -- 1. full suite, system python -------------------------------------------------------------
+.venv/bin/python -m pytest "${xdist[@]}" "$@" || failed+=("full suite on $(.venv/bin/python -V)")
+stage_done "full suite on $(.venv/bin/python -V)"
+
+if [ "$background" = 1 ]; then
+  for i in "${!pids[@]}"; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    echo "test.sh: ---- ${stages[$i]} (background; its output) ----" >&2
+    cat "$logs/${extras[$i]%% *}.log" >&2
+    [ "$rc" = 0 ] || failed+=("${stages[$i]}")
+  done
+  pids=()
+  stage_done "background stages"
+else
+  for extra in "${extras[@]}"; do
+    read -r version python <<<"$extra"
+    fast_stage "$version" "$python" "$@" || failed+=("fast tests on Python $version")
+  done
+fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
