@@ -78,6 +78,7 @@ class GpuIdentity:
     pci_bus_id: str = ""
     clock_max_hertz: tuple[tuple[str, float], ...] = ()
     drm_card: str = ""  # card<N> under /sys/class/drm (intel): what Intel's device plugin names a GPU by
+    minor: int | None = None  # NVML: the /dev/nvidiaN minor, what NVIDIA's DRA driver names a GPU by
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,17 @@ class MigDevice:
 
 
 @dataclass(frozen=True, slots=True)
+class MigSlot:
+    """Where a MIG device sits: what NVIDIA's DRA driver names it by (its GPU instance's profile
+    id and placement start), with the profile as its name gives it."""
+
+    uuid: str  # MIG-...
+    profile: str  # e.g. 1g.10gb
+    gi_profile_id: int
+    placement_start: int
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstance:
     """One GPU instance: its memory (shared by its compute instances) and its GPM values."""
 
@@ -150,6 +162,9 @@ class GpuProcess:
     pid: int
     memory_bytes: int | None  # None: the driver hides it (MIG without privilege, WDDM)
     utilization: tuple[tuple[str, float], ...] = ()  # (engine, ratio since the previous refresh); empty: unsupported
+    # (engine, seconds the process kept it busy since the backend first saw it on this GPU; a
+    # counter from 0 there); empty: the backend has no per-process busy time (MIG, gpu-tracker)
+    busy_seconds: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +205,7 @@ class GpuSample:
     nvlinks: tuple[NvLinkSample, ...] = ()  # empty: no links, or the nvlink collector is off
     process_list: tuple[GpuProcess, ...] | None = None  # None: processes collector off, or no list
     mig_uuids: tuple[str, ...] = ()  # UUIDs of the MIG devices while MIG is on (kubernetes device ids)
+    mig_slots: tuple[MigSlot, ...] = ()  # the same devices by GPU instance placement (DRA device names)
     profiling: ProfilingSample | None = None  # None: collector off, no GPM, or no window yet
     mig: MigState | None = None  # None: mig collector off, or a GPU without MIG
     slow_read_at: float | None = None  # Unix time its slow values were read (NVML: --collect.slow-interval)
@@ -305,6 +321,34 @@ class ProcessSample:
     memory_bytes: int | None
     utilization: tuple[tuple[str, float], ...]  # (engine, ratio); empty where unsupported
     job_id: str = ""  # the Slurm job, from the cgroup; last and defaulted: callers name the others
+    # counters since the exporter first saw the process on this GPU (accounting.py): empty /
+    # None where the backend has no per-process busy time or the device no energy counter
+    busy_seconds: tuple[tuple[str, float], ...] = ()
+    energy_joules: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadUsage:
+    """Busy time and energy of one workload on one GPU, as the processes collector serves it:
+    one process (group-by=process) or a container's processes of one Slurm job
+    (group-by=container). Counters since the exporter first saw it (accounting.py): a
+    container's keep what its exited processes added while it has a process on the GPU."""
+
+    gpu: int
+    uuid: str
+    key: tuple[str, ...]  # its label values after gpu and uuid (accounting.workload_key)
+    busy_seconds: tuple[tuple[str, float], ...]  # (engine, seconds)
+    energy_joules: float | None  # None: the device has no energy counter
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedEnergy:
+    """The part of one GPU's energy counter no process it lists was charged with (idle time,
+    processes the exporter cannot see), joules since the exporter started accounting it."""
+
+    gpu: int
+    uuid: str
+    joules: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +362,8 @@ class AllocationSample:
     container: str
     resource: str
     device_id: str
+    claim: str = ""  # DRA: the ResourceClaim's name; "" for a device plugin's
+    share: str = ""  # DRA: the kubelet's share_id of a shared device; "" otherwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +378,8 @@ class Snapshot:
     processes: tuple[ProcessSample, ...] | None = None  # None: the processes collector is off
     allocations: tuple[AllocationSample, ...] | None = None  # None: kubernetes collector off or inactive
     kubernetes_status: CollectorStatus | None = None
+    # DRA devices no GPU of this host answers to, (resource, count); None with allocations
+    unresolved_devices: tuple[tuple[str, int], ...] | None = None
 
     def gpu_by_index(self, index: int) -> GpuSample | None:
         if self.gpu is None:

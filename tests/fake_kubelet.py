@@ -7,6 +7,7 @@ Get answer UNIMPLEMENTED (the generated base servicer's default).
 
     kubelet = FakeKubelet(os.path.join(short_socket_dir(), "kubelet.sock")).start()
     kubelet.pods = [Pod("ml", "train-0", [Container("main", [Device("nvidia.com/gpu", ["GPU-1"])])])]
+    kubelet.pods = [Pod("ml", "p", [Container("main", [], claims=[Claim("c", [DraDevice("gpu.nvidia.com", "gpu-0")])])])]
     kubelet.delay = 5.0                               # a slow kubelet
     kubelet.status = grpc.StatusCode.UNIMPLEMENTED    # List aborts with this code
     kubelet.stop()                                    # removes the socket; start() binds a new one
@@ -47,6 +48,26 @@ class Device:
 
 
 @dataclass
+class DraDevice:
+    """One ClaimResource: a device a DRA driver prepared for a claim, as a 1.34 kubelet lists it."""
+
+    driver: str  # driver_name, e.g. gpu.nvidia.com
+    device: str  # device_name, e.g. gpu-0
+    pool: str = "node-1"  # pool_name (the node's name for node-local drivers)
+    share_id: str | None = None  # set for a shared (consumable capacity) device
+    cdi_devices: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Claim:
+    """One DynamicResource: a ResourceClaim the container uses."""
+
+    name: str
+    devices: list[DraDevice]
+    namespace: str = "default"
+
+
+@dataclass
 class Container:
     name: str
     devices: list[Device]
@@ -54,6 +75,7 @@ class Container:
     cpu_ids: list[int] = field(default_factory=list)
     memory_bytes: int = 0  # one ContainerMemory "memory" block when set
     dra_devices: list[str] = field(default_factory=list)  # one DynamicResource claim, these device names
+    claims: list[Claim] = field(default_factory=list)  # dynamic_resources, as given
 
 
 @dataclass
@@ -120,6 +142,13 @@ def _container_message(pb2: ModuleType, container: Container) -> Any:
         claim = message.dynamic_resources.add(claim_name="gpu-claim", claim_namespace="default")
         for name in container.dra_devices:
             claim.claim_resources.add(driver_name="gpu.nvidia.com", pool_name="node-1", device_name=name)
+    for c in container.claims:
+        claim = message.dynamic_resources.add(claim_name=c.name, claim_namespace=c.namespace)
+        for d in c.devices:
+            resource = claim.claim_resources.add(driver_name=d.driver, pool_name=d.pool, device_name=d.device)
+            resource.cdi_devices.extend(pb2.CDIDevice(name=n) for n in d.cdi_devices)
+            if d.share_id is not None:
+                resource.share_id = d.share_id
     return message
 
 

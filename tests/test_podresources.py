@@ -17,8 +17,10 @@ from typing import Any
 import grpc
 import pytest
 from fake_kubelet import (
+    Claim,
     Container,
     Device,
+    DraDevice,
     FakeKubelet,
     Pod,
     generated,
@@ -31,6 +33,7 @@ from resmon_exporter.attribution.podresources import (
     MAX_RECEIVE_BYTES,
     Allocation,
     PodResourcesError,
+    Refused,
     _message_classes,
     decode_list_response,
     list_allocations,
@@ -124,6 +127,50 @@ def test_an_amd_gpu(kubelet: FakeKubelet) -> None:
     assert list_allocations(kubelet.socket_path, TIMEOUT) == (
         Allocation("rocm", "bench", "main", "amd.com/gpu", "0000:03:00.0"),
     )
+
+
+def dra_pod(namespace: str, name: str, container: str, claim: str, *devices: DraDevice) -> Pod:
+    return Pod(namespace, name, [Container(container, [], claims=[Claim(claim, list(devices))])])
+
+
+def test_dra_devices_as_a_1_34_kubelet_lists_them(kubelet: FakeKubelet) -> None:
+    """dynamic_resources: the driver as resource, the device name as device_id, claim and share_id."""
+    kubelet.pods = [
+        dra_pod("ml", "train", "main", "gpus", DraDevice("gpu.nvidia.com", "gpu-1", cdi_devices=[
+            "k8s.gpu.nvidia.com/claim=6f1c1c43-0d5b-4c1e-9f1e-2f6f0d6c7a11-gpu-1"]),
+            DraDevice("gpu.nvidia.com", "gpu-0-mig-1g10gb-19-3")),
+        dra_pod("ml", "infer", "server", "shared", DraDevice("gpu.nvidia.com", "gpu-2", share_id="2a9d6b0e")),
+        Pod("mixed", "both", [Container("c", [Device("nvidia.com/gpu", [GPU_A])],
+                                        claims=[Claim("amd", [DraDevice("gpu.amd.com", "gpu-1-129")], "mixed")])]),
+    ]
+    assert list_allocations(kubelet.socket_path, TIMEOUT) == (
+        Allocation("ml", "train", "main", "gpu.nvidia.com", "gpu-1", claim="gpus", dra=True),
+        Allocation("ml", "train", "main", "gpu.nvidia.com", "gpu-0-mig-1g10gb-19-3", claim="gpus", dra=True),
+        Allocation("ml", "infer", "server", "gpu.nvidia.com", "gpu-2", claim="shared", share="2a9d6b0e", dra=True),
+        Allocation("mixed", "both", "c", "nvidia.com/gpu", GPU_A),
+        Allocation("mixed", "both", "c", "gpu.amd.com", "gpu-1-129", claim="amd", dra=True),
+    )
+
+
+def test_dra_devices_of_other_gpus_and_drivers_are_refused_and_counted_while_decoding(kubelet: FakeKubelet) -> None:
+    host = HostGpus(uuids=frozenset({GPU_A}), indices=frozenset({0, 1}), pci=frozenset({"0000:03:00.0"}),
+                    minors=frozenset({2, 5}), drm_cards=frozenset({"card1"}))
+    kubelet.pods = [
+        dra_pod("ml", "a", "c", "x",
+                DraDevice("gpu.nvidia.com", "gpu-5"), DraDevice("gpu.nvidia.com", "gpu-0"),  # minor 0: none here
+                DraDevice("gpu.nvidia.com", "gpu-2-mig-3g40gb-9-4"), DraDevice("gpu.nvidia.com", "gpu-vfio-0"),
+                DraDevice("gpu.amd.com", "gpu-1-129"), DraDevice("gpu.amd.com", "gpu-3-131"),
+                DraDevice("gpu.intel.com", "0000-03-00-0-0x56c0"), DraDevice("gpu.intel.com", "0000-04-00-0-0x56c0"),
+                DraDevice("nic.example.com", "eth-0")),
+    ]
+    refused = Refused()
+    kept = list_allocations(kubelet.socket_path, TIMEOUT, keep=host.names, keep_dra=host.names_dra, refused=refused)
+    assert [(a.resource, a.device_id) for a in kept] == [
+        ("gpu.nvidia.com", "gpu-5"), ("gpu.nvidia.com", "gpu-2-mig-3g40gb-9-4"), ("gpu.amd.com", "gpu-1-129"),
+        ("gpu.intel.com", "0000-03-00-0-0x56c0"),
+    ]
+    assert refused.counts == {"gpu.nvidia.com": 2, "gpu.amd.com": 1, "gpu.intel.com": 1, "nic.example.com": 1}
+    assert refused.examples["gpu.nvidia.com"] == "gpu-0"
 
 
 def test_containers_without_devices_give_nothing(kubelet: FakeKubelet) -> None:
@@ -392,6 +439,9 @@ RICH_ALLOCATIONS = (
     Allocation("ml", "train", "main", "nvidia.com/gpu", GPU_A),
     Allocation("ml", "train", "main", "nvidia.com/gpu", f"{GPU_B}::3"),
     Allocation("ml", "train", "main", "amd.com/gpu", "0000:03:00.0"),
+    Allocation("ml", "train", "main", "gpu.nvidia.com", "gpu-0", claim="gpu-claim", dra=True),
+    Allocation("ml", "train", "main", "gpu.nvidia.com", "gpu-1", claim="gpu-claim", dra=True),
+    Allocation("ml", "train", "dra-only", "gpu.nvidia.com", "gpu-2", claim="gpu-claim", dra=True),
     Allocation("ml", "mig", "main", "nvidia.com/mig-1g.10gb", MIG),
 )
 

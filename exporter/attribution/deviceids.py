@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .draids import parse_dra_device
+
 _REPLICA = re.compile(r"(?P<base>.+?)::\d+")  # the NVIDIA plugin's AnnotatedID, "%s::%d"
 _GPU_UUID = re.compile(r"GPU-[0-9A-Za-z][0-9A-Za-z-]*")
 _MIG_UUID = re.compile(r"MIG-(?!GPU-)[0-9A-Za-z][0-9A-Za-z-]*")
@@ -107,6 +109,7 @@ class HostGpus:
     indices: frozenset[int] = frozenset()
     pci: frozenset[str] = frozenset()
     drm_cards: frozenset[str] = frozenset()
+    minors: frozenset[int] = frozenset()  # NVML minor numbers (NVIDIA DRA names)
 
     @property
     def known(self) -> bool:
@@ -114,7 +117,22 @@ class HostGpus:
 
     def union(self, other: "HostGpus") -> "HostGpus":
         return HostGpus(self.uuids | other.uuids, self.mig_uuids | other.mig_uuids,
-                        self.indices | other.indices, self.pci | other.pci, self.drm_cards | other.drm_cards)
+                        self.indices | other.indices, self.pci | other.pci, self.drm_cards | other.drm_cards,
+                        self.minors | other.minors)
+
+    def names_dra(self, driver: str, device: str) -> bool:
+        """Whether a DRA driver's device name may name one of these GPUs (a MIG device: one of
+        their MIG-capable parents, whose instances may be newer than the last MIG read)."""
+        ref = parse_dra_device(driver, device)
+        if ref is None:
+            return False
+        if not self.known:
+            return True
+        if ref.minor is not None:
+            return ref.minor in self.minors
+        if ref.drm_card:
+            return ref.drm_card in self.drm_cards
+        return ref.pci_bus_id in self.pci
 
     def names(self, resource: str, device_id: str) -> bool:
         """Whether the kubelet's (resource, device id) may name one of these GPUs."""

@@ -3,7 +3,9 @@
 The messages come from a FileDescriptorProto built here, not from protoc output: generated
 code pins the protobuf runtime to the generator's major version, a hand descriptor works on
 every protobuf from 4.25 on. Only the fields List needs are declared; the rest of a newer
-kubelet's answer (cpu_ids, memory, dynamic_resources ...) is skipped as unknown fields.
+kubelet's answer (cpu_ids, memory, topology's users, CDI device names ...) is skipped as
+unknown fields. DRA devices (dynamic_resources, kubelet 1.34+) come back as allocations whose
+resource is the driver and device_id the device name, with their claim and share_id.
 grpc and google.protobuf are imported on the first call (or by preload()), so the exporter
 runs without them.
 
@@ -43,6 +45,20 @@ _MESSAGES: dict[str, tuple[_Field, ...]] = {
     "ContainerResources": (
         ("name", 1, False, "TYPE_STRING", ""),
         ("devices", 2, True, "TYPE_MESSAGE", "ContainerDevices"),
+        ("dynamic_resources", 5, True, "TYPE_MESSAGE", "DynamicResource"),
+    ),
+    # field 1 (class_name) was removed in 1.31
+    "DynamicResource": (
+        ("claim_name", 2, False, "TYPE_STRING", ""),
+        ("claim_namespace", 3, False, "TYPE_STRING", ""),
+        ("claim_resources", 4, True, "TYPE_MESSAGE", "ClaimResource"),
+    ),
+    # share_id is "optional" upstream: declared plain here (the same wire format), unset reads ""
+    "ClaimResource": (
+        ("driver_name", 2, False, "TYPE_STRING", ""),
+        ("pool_name", 3, False, "TYPE_STRING", ""),
+        ("device_name", 4, False, "TYPE_STRING", ""),
+        ("share_id", 5, False, "TYPE_STRING", ""),
     ),
     "ContainerDevices": (
         ("resource_name", 1, False, "TYPE_STRING", ""),
@@ -68,8 +84,24 @@ class Allocation:
     namespace: str
     pod: str
     container: str
-    resource: str
-    device_id: str
+    resource: str  # device plugin: the resource name; DRA: the driver
+    device_id: str  # device plugin: the device id; DRA: the device name
+    claim: str = ""  # DRA: the ResourceClaim's name
+    share: str = ""  # DRA: share_id (a shared device); "" otherwise
+    dra: bool = False  # from dynamic_resources
+
+
+class Refused:
+    """DRA devices a List's keep_dra() refused while decoding: a count per driver and the
+    first device name of each (for the warning). Filled by one List on its own thread."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.examples: dict[str, str] = {}
+
+    def add(self, driver: str, device: str) -> None:
+        self.counts[driver] = self.counts.get(driver, 0) + 1
+        self.examples.setdefault(driver, device)
 
 
 class PodResourcesError(Exception):
@@ -127,11 +159,16 @@ def _message_classes() -> tuple[Any, Any]:
 
 
 Keep = Callable[[str, str], bool]  # (resource name, device id) -> whether to keep it
+# (driver, device name) -> whether to keep a DRA device; one refused is counted, not dropped
+KeepDra = Callable[[str, str], bool]
 
 
-def _allocations(response: Any, keep: Keep | None = None) -> tuple[Allocation, ...]:
-    """The allocations keep() accepts. Each pod's and container's names are read once and
-    shared by its allocations; nothing is built for an id that is not kept."""
+def _allocations(
+    response: Any, keep: Keep | None = None, keep_dra: KeepDra | None = None, refused: Refused | None = None
+) -> tuple[Allocation, ...]:
+    """The allocations keep() (device plugins) and keep_dra() (DRA) accept; the DRA devices
+    keep_dra() refuses are counted in refused. Each pod's and container's names are read once
+    and shared by its allocations; nothing is built for an id that is not kept."""
     out: list[Allocation] = []
     for pod in response.pod_resources:
         names: tuple[str, str] | None = None
@@ -147,13 +184,28 @@ def _allocations(response: Any, keep: Keep | None = None) -> tuple[Allocation, .
                     if container_name is None:
                         container_name = container.name
                     out.append(Allocation(names[0], names[1], container_name, resource, device_id))
+            for claim in container.dynamic_resources:
+                for device in claim.claim_resources:
+                    driver, name = device.driver_name, device.device_name
+                    if keep_dra is not None and not keep_dra(driver, name):
+                        if refused is not None:
+                            refused.add(driver, name)
+                        continue
+                    if names is None:
+                        names = (pod.namespace, pod.name)
+                    if container_name is None:
+                        container_name = container.name
+                    out.append(Allocation(names[0], names[1], container_name, driver, name,
+                                          claim=claim.claim_name, share=device.share_id, dra=True))
     return tuple(out)
 
 
-def decode_list_response(data: bytes, keep: Keep | None = None) -> tuple[Allocation, ...]:
+def decode_list_response(
+    data: bytes, keep: Keep | None = None, keep_dra: KeepDra | None = None, refused: Refused | None = None
+) -> tuple[Allocation, ...]:
     """The allocations in a serialized ListPodResourcesResponse (raises protobuf's DecodeError)."""
     _, response_class = _message_classes()
-    return _allocations(response_class.FromString(data), keep)
+    return _allocations(response_class.FromString(data), keep, keep_dra, refused)
 
 
 def _one_line(text: str) -> str:
@@ -188,7 +240,9 @@ def preload() -> None:
     _message_classes()
 
 
-def _call_list(grpc: Any, socket_path: str, timeout: float, keep: Keep | None) -> tuple[Allocation, ...]:
+def _call_list(
+    grpc: Any, socket_path: str, timeout: float, keep: Keep | None, keep_dra: KeepDra | None, refused: Refused | None
+) -> tuple[Allocation, ...]:
     request_class, response_class = _message_classes()
     channel = grpc.insecure_channel(
         "unix://" + urllib.parse.quote(os.path.abspath(socket_path)),  # "?", "#", "%" are URI syntax
@@ -206,16 +260,20 @@ def _call_list(grpc: Any, socket_path: str, timeout: float, keep: Keep | None) -
             request_serializer=request_class.SerializeToString,
             response_deserializer=response_class.FromString,
         )
-        return _allocations(call(request_class(), timeout=timeout), keep)
+        return _allocations(call(request_class(), timeout=timeout), keep, keep_dra, refused)
     except grpc.RpcError as err:
         raise _rpc_error(err, socket_path) from None
     finally:
         channel.close()
 
 
-def list_allocations(socket_path: str, timeout: float, keep: Keep | None = None) -> tuple[Allocation, ...]:
+def list_allocations(
+    socket_path: str, timeout: float, keep: Keep | None = None, keep_dra: KeepDra | None = None,
+    refused: Refused | None = None,
+) -> tuple[Allocation, ...]:
     """One Allocation per (container, resource, device id) keep() accepts (all without it),
-    in the kubelet's order.
+    then per DRA device keep_dra() accepts (those it refuses counted in refused), in the
+    kubelet's order.
 
     A fresh channel per call, closed after; waits at most timeout seconds. Raises
     PodResourcesError only.
@@ -226,7 +284,7 @@ def list_allocations(socket_path: str, timeout: float, keep: Keep | None = None)
     if not os.path.exists(socket_path):
         raise PodResourcesError(f"no kubelet socket at {socket_path} (UNAVAILABLE)")
     try:
-        return _call_list(grpc, socket_path, timeout, keep)
+        return _call_list(grpc, socket_path, timeout, keep, keep_dra, refused)
     except PodResourcesError:
         raise
     except Exception as err:  # the collector's contract: a broken kubelet or runtime is an error, not a crash
