@@ -22,14 +22,14 @@ def variables() -> list[dict[str, Any]]:
     def query(name: str, label: str, q: str) -> dict[str, Any]:
         return {
             "name": name, "label": label, "type": "query", "datasource": DS,
-            "query": {"query": q, "refId": f"{name}-values"}, "definition": q,
+            "query": {"query": q, "refId": f"{name}-values"},
             "multi": True, "includeAll": True, "allValue": ".*", "refresh": 2, "sort": 1,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
         }
 
     return [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0, "refresh": 1},
+         "hide": 0, "refresh": 1},
         query("job", "Job", "label_values(resmon_build_info, job)"),
         query("instance", "Instance", 'label_values(resmon_build_info{job=~"$job"}, instance)'),
         query("gpu", "GPU", 'label_values(resmon_gpu_info{job=~"$job", instance=~"$instance"}, gpu)'),
@@ -482,7 +482,7 @@ def dashboard(uid: str, title: str, panels: list[dict[str, Any]], tags: list[str
         "graphTooltip": 1, "refresh": "30s", "time": {"from": "now-6h", "to": "now"}, "timezone": "",
         "timepicker": {}, "annotations": {"list": []}, "links": [
             {"title": "resmon dashboards", "type": "dashboards", "tags": ["resmon"], "asDropdown": True,
-             "includeVars": True, "keepTime": True},
+             "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False, "tooltip": ""},
         ],
         "templating": {"list": variables()}, "panels": panels,
     }
