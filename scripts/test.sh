@@ -162,11 +162,19 @@ if [ "$background" = 1 ]; then
 fi
 
 # -- 1. full suite, system python -------------------------------------------------------------
-.venv/bin/python -m pytest "${xdist[@]}" "$@" || failed+=("full suite on $(.venv/bin/python -V)")
+# its own process group as well, waited for with `wait`, which a signal interrupts (a foreground
+# command would hold the INT/TERM traps until it ended): Ctrl-C or a kill ends every stage now
+setsid .venv/bin/python -m pytest "${xdist[@]}" "$@" &
+full=$!
+pids+=("$full")
+rc=0
+wait "$full" || rc=$?
+unset 'pids[-1]'
+[ "$rc" = 0 ] || failed+=("full suite on $(.venv/bin/python -V)")
 stage_done "full suite on $(.venv/bin/python -V)"
 
 if [ "$background" = 1 ]; then
-  for i in "${!pids[@]}"; do
+  for i in "${!stages[@]}"; do
     rc=0
     wait "${pids[$i]}" || rc=$?
     echo "test.sh: ---- ${stages[$i]} (background; its output) ----" >&2
