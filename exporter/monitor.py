@@ -376,6 +376,7 @@ class ResourceMonitor:
         snap = Snapshot(
             gpu=who.gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
             processes=who.processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
+            unresolved_devices=who.unresolved_devices,
         )
         return snap, complete
 

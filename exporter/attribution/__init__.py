@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..config import MonitorOptions
-from ..samples import AllocationSample, CollectorStatus, GpuReading, PartStatus, ProcessSample
+from ..logs import fields
+from ..samples import AllocationSample, CollectorStatus, GpuReading, MigSlot, PartStatus, ProcessSample
 from . import join
 from .deviceids import HostGpus, normalise_pci
-from .kubelet import KubeletReader
+from .kubelet import KubeletReader, KubeletState
 from .podlogs import LogNames
 from .procfs import DeadlineReader, ProcReader
 
@@ -43,6 +44,9 @@ class Attributed:
     processes: tuple[ProcessSample, ...] | None
     allocations: tuple[AllocationSample, ...] | None
     kubernetes_status: CollectorStatus | None
+    # DRA devices that resolve to no GPU of this host: (driver, count) for every DRA driver
+    # the List named; None where allocations are None
+    unresolved_devices: tuple[tuple[str, int], ...] | None = None
 
 
 class Attribution:
@@ -58,11 +62,14 @@ class Attribution:
         self._host_gpus = HostGpus()
         self._kubelet = (
             KubeletReader(kube.pod_resources_socket, kube.cache_ttl, options.collect_timeout, log,
-                          keep=lambda resource, device_id: self._host_gpus.names(resource, device_id))
+                          keep=lambda resource, device_id: self._host_gpus.names(resource, device_id),
+                          keep_dra=lambda driver, device: self._host_gpus.names_dra(driver, device))
             if options.enabled("kubernetes") else None
         )
         # the kubelet's log directories, listed off the scrape path (only where process
         # attribution can use them)
+        self._log = log
+        self._warned: frozenset[tuple[str, str]] = frozenset()  # unresolved DRA devices warned about
         self._log_names = (
             LogNames(kube.pod_logs_dir, kube.container_logs_dir, log)
             if self._procs is not None and self._kubelet is not None else None
@@ -70,6 +77,7 @@ class Attribution:
         # GPU UUID -> MIG UUIDs it listed while up: a down GPU lists none, and its MIG pods
         # must still resolve to it (replaced whole by the one refresh running at a time)
         self._last_migs: Mapping[str, tuple[str, ...]] = {}
+        self._last_slots: Mapping[str, tuple[MigSlot, ...]] = {}  # the same for DRA's MIG names
 
     def start(self) -> None:
         """The kubelet's first List and the first log-directory listing, in the background."""
@@ -85,14 +93,41 @@ class Attribution:
         monitor's single flight)."""
         kube = self._kubelet.read(min(deadline - time.monotonic(), _KUBELET_WAIT)) if self._kubelet else None
         allocations = None
+        unresolved = None
         if self._kubelet is not None:
             self._last_migs = join.known_migs(gpu, self._last_migs)
-            allocations = join.allocations(gpu, kube, self._last_migs) if kube is not None else None
+            self._last_slots = join.known_slots(gpu, self._last_slots)
+            if kube is not None:
+                missed: dict[str, list[str]] = {}
+                allocations = join.allocations(gpu, kube, self._last_migs, self._last_slots, missed)
+                unresolved = self._unresolved(kube, missed)
             self._note_gpus(gpu)
             allocations = _capped(allocations, max_per_gpu)
         processes, gpu = self._processes(gpu, deadline)
         status = CollectorStatus(kube.success, kube.duration_seconds, kube.timestamp_seconds) if kube else None
-        return Attributed(gpu, processes, allocations, status)
+        return Attributed(gpu, processes, allocations, status, unresolved)
+
+    def _unresolved(self, kube: KubeletState, missed: dict[str, list[str]]) -> tuple[tuple[str, int], ...]:
+        """(driver, unresolved count) for every DRA driver of the List: those refused while
+        decoding and those the join found no GPU for. Warns once per device name while it
+        stays unresolved (again only after it resolved or left the List)."""
+        if not kube.success:  # nothing listed: no count, and nothing forgotten of what was warned about
+            return ()
+        counts = {a.resource: 0 for a in kube.allocations if a.dra}
+        names: set[tuple[str, str]] = set()
+        for driver, n, example in kube.refused:
+            counts[driver] = counts.get(driver, 0) + n
+            names.add((driver, example))
+        for driver, devices in missed.items():
+            counts[driver] = counts.get(driver, 0) + len(devices)
+            names.update((driver, d) for d in devices)
+        for driver, device in sorted(names - self._warned):
+            self._log.warning(
+                "a DRA device resolves to no GPU of this host: not attributed",
+                extra=fields(resource=driver, device=device, unresolved=counts[driver]),
+            )
+        self._warned = frozenset(names)
+        return tuple(sorted(counts.items()))
 
     def _note_gpus(self, gpu: GpuReading | None) -> None:
         if gpu is None:
@@ -103,6 +138,7 @@ class Attribution:
             indices=frozenset(d.identity.index for d in gpu.devices),
             pci=frozenset(normalise_pci(d.identity.pci_bus_id) for d in gpu.devices if d.identity.pci_bus_id),
             drm_cards=frozenset(d.identity.drm_card for d in gpu.devices if d.identity.drm_card),
+            minors=frozenset(d.identity.minor for d in gpu.devices if d.identity.minor is not None),
         )
         merged = self._host_gpus.union(seen)  # a GPU that went down keeps its MIG UUIDs here
         if merged != self._host_gpus:

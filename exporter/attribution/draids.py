@@ -28,6 +28,9 @@ NVIDIA = "gpu.nvidia.com"
 AMD = "gpu.amd.com"
 INTEL = "gpu.intel.com"
 DRIVERS = (NVIDIA, AMD, INTEL)
+# the GPU backend whose devices each driver's names refer to: a card number or PCI address
+# named by one vendor's driver never lands on another vendor's GPU
+BACKEND_OF = {NVIDIA: "nvml", AMD: "amdgpu", INTEL: "intel"}
 
 _NVIDIA_GPU = re.compile(r"gpu-(?P<minor>\d+)")
 # the driver's canonicalMigNameRegex, ^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$

@@ -3,6 +3,10 @@
 - A device id the kubelet reports (GPU-..., MIG-..., replicas ::N, indices, PCI ids) is
   resolved to one of the backend's GPUs; an id that resolves to none (another vendor's
   device, a GPU this backend does not see) is left out.
+- A DRA device (driver, device name: draids.py) is resolved by the GPU's minor number, its
+  MIG slot (GPU instance profile id and placement start, the profile cross-checked), its
+  DRM card or PCI address; one that resolves to none is counted as unresolved, never put
+  on a GPU by a guess.
 - A process's container id, pod UID and Slurm job id come from its cgroup; namespace, pod and container
   names from the kubelet's log directories (by container id, else by pod UID: the
   PodResources API carries neither). Each process is attributed by its own cgroup: pods
@@ -14,9 +18,10 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Protocol
 
-from ..samples import AllocationSample, GpuReading, GpuSample, ProcessSample
+from ..samples import AllocationSample, GpuReading, GpuSample, MigSlot, ProcessSample
 from .cgroups import ContainerRef
 from .deviceids import DRM_CARD_RESOURCES, INDEXED_RESOURCES, DeviceRef, normalise_pci, parse_device_id
+from .draids import BACKEND_OF, DraRef, parse_dra_device, profile_in_name
 from .kubelet import KubeletState
 from .podlogs import AMBIGUOUS, Names
 from .procfs import ProcessInfo
@@ -25,7 +30,12 @@ from .procfs import ProcessInfo
 class _Devices:
     """The reading's GPUs, looked up the ways device plugins name them."""
 
-    def __init__(self, devices: Iterable[GpuSample], last_migs: Mapping[str, tuple[str, ...]]) -> None:
+    def __init__(
+        self, devices: Iterable[GpuSample], last_migs: Mapping[str, tuple[str, ...]],
+        last_slots: Mapping[str, tuple[MigSlot, ...]] | None = None,
+    ) -> None:
+        self.by_minor: dict[int, GpuSample] = {}
+        self.by_slot: dict[tuple[int, int, int], tuple[GpuSample, MigSlot]] = {}
         self.by_uuid: dict[str, GpuSample] = {}
         self.by_mig: dict[str, GpuSample] = {}
         self.by_index: dict[int, GpuSample] = {}
@@ -44,6 +54,29 @@ class _Devices:
                 self.by_pci[normalise_pci(ident.pci_bus_id)] = d
             if ident.drm_card:
                 self.by_card[ident.drm_card] = d
+            if ident.minor is not None and (ident.minor not in self.by_minor or d.up):
+                self.by_minor[ident.minor] = d
+                # a down GPU answers no MIG query: its MIG slots are the last ones it listed
+                slots = d.mig_slots if d.up else d.mig_slots or (last_slots or {}).get(ident.uuid, ())
+                for slot in slots:
+                    self.by_slot[(ident.minor, slot.gi_profile_id, slot.placement_start)] = (d, slot)
+
+    def resolve_dra(self, ref: DraRef) -> GpuSample | None:
+        if ref.mig:
+            assert ref.minor is not None and ref.gi_profile_id is not None and ref.placement_start is not None
+            found = self.by_slot.get((ref.minor, ref.gi_profile_id, ref.placement_start))
+            # the profile text must agree too: an older driver's "gpu-<minor>-mig-<profile id>-<start>-<size>"
+            # parses as well, with other numbers
+            if found is None or profile_in_name(found[1].profile) != ref.mig_profile:
+                return None
+            return found[0]
+        if ref.minor is not None:
+            return self.by_minor.get(ref.minor)
+        if ref.drm_card:
+            return self.by_card.get(ref.drm_card)
+        if ref.pci_bus_id:
+            return self.by_pci.get(ref.pci_bus_id)
+        return None
 
     def resolve(self, ref: DeviceRef, resource: str) -> GpuSample | None:
         if ref.uuid:
@@ -62,21 +95,48 @@ class _Devices:
 
 
 def allocations(
-    reading: GpuReading | None, state: KubeletState, last_migs: Mapping[str, tuple[str, ...]] | None = None
+    reading: GpuReading | None, state: KubeletState, last_migs: Mapping[str, tuple[str, ...]] | None = None,
+    last_slots: Mapping[str, tuple[MigSlot, ...]] | None = None, unresolved: dict[str, list[str]] | None = None,
 ) -> tuple[AllocationSample, ...]:
     """One sample per container and device id that resolves to a GPU, duplicates (old
-    kubelets list terminal pods too) merged, sorted for stable output. last_migs: GPU UUID ->
-    the MIG UUIDs it last listed while up (see known_migs), for the GPUs that are down now."""
+    kubelets list terminal pods too) merged, sorted for stable output. last_migs, last_slots:
+    GPU UUID -> the MIG UUIDs and slots it last listed while up (known_migs, known_slots), for
+    the GPUs that are down now. unresolved: filled with driver -> the names of the DRA devices
+    that resolve to no GPU of the reading (device-plugin ids that do not resolve are not GPU
+    ids of this backend and are left out silently)."""
     if reading is None:
         return ()
-    devices = _Devices(reading.devices, last_migs or {})
+    devices = _Devices(reading.devices, last_migs or {}, last_slots)
     out: set[AllocationSample] = set()
     for a in state.allocations:
-        ref = parse_device_id(a.device_id)
-        gpu = devices.resolve(ref, a.resource) if ref is not None else None
+        if a.dra:
+            dra = parse_dra_device(a.resource, a.device_id) if BACKEND_OF.get(a.resource) == reading.backend else None
+            gpu = devices.resolve_dra(dra) if dra is not None else None
+            if gpu is None and unresolved is not None:
+                unresolved.setdefault(a.resource, []).append(a.device_id)
+        else:
+            ref = parse_device_id(a.device_id)
+            gpu = devices.resolve(ref, a.resource) if ref is not None else None
         if gpu is not None:
-            out.add(AllocationSample(gpu.identity.index, gpu.identity.uuid, a.namespace, a.pod, a.container, a.resource, a.device_id))
-    return tuple(sorted(out, key=lambda s: (s.gpu, s.uuid, s.namespace, s.pod, s.container, s.device_id)))
+            out.add(AllocationSample(gpu.identity.index, gpu.identity.uuid, a.namespace, a.pod, a.container,
+                                     a.resource, a.device_id, a.claim, a.share))
+    return tuple(sorted(out, key=lambda s: (s.gpu, s.uuid, s.namespace, s.pod, s.container, s.device_id,
+                                            s.resource, s.claim, s.share)))
+
+
+def known_slots(reading: GpuReading | None, last: Mapping[str, tuple[MigSlot, ...]]) -> Mapping[str, tuple[MigSlot, ...]]:
+    """GPU UUID -> its MIG slots, as known_migs() keeps the UUIDs (a down GPU's last ones)."""
+    if reading is None:
+        return last
+    out: dict[str, tuple[MigSlot, ...]] = {}
+    for d in reading.devices:
+        uuid = d.identity.uuid
+        if not uuid:
+            continue
+        slots = d.mig_slots if d.up else d.mig_slots or last.get(uuid, ())
+        if slots:
+            out[uuid] = slots
+    return out
 
 
 def known_migs(reading: GpuReading | None, last: Mapping[str, tuple[str, ...]]) -> Mapping[str, tuple[str, ...]]:

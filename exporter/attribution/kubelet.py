@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from ..logs import fields
-from .podresources import Allocation, Keep, PodResourcesError, list_allocations, preload
+from .podresources import Allocation, Keep, KeepDra, PodResourcesError, Refused, list_allocations, preload
 
 _FIRST_PAUSE = 5.0  # seconds before a timed-out kubelet is asked again; doubled each time
 _MAX_PAUSE = 60.0
@@ -50,15 +50,20 @@ class KubeletState:
     success: bool
     duration_seconds: float
     timestamp_seconds: float | None  # Unix time the List finished; None: no List has
+    # DRA devices keep_dra refused while decoding: (driver, count, the first device name)
+    refused: tuple[tuple[str, int, str], ...] = ()
 
 
 class KubeletReader:
     def __init__(
-        self, socket_path: str, cache_ttl: float, timeout: float, log: logging.Logger, keep: Keep | None = None
+        self, socket_path: str, cache_ttl: float, timeout: float, log: logging.Logger, keep: Keep | None = None,
+        keep_dra: KeepDra | None = None,
     ) -> None:
-        """keep(resource, device id): which allocations a List keeps (decided while decoding)."""
+        """keep(resource, device id), keep_dra(driver, device name): which allocations a List
+        keeps (decided while decoding; the DRA devices refused are counted in the state)."""
         self._path = socket_path
         self._keep = keep
+        self._keep_dra = keep_dra
         self._ttl = cache_ttl
         self._timeout = timeout
         self._log = log
@@ -140,8 +145,10 @@ class KubeletReader:
         started = time.perf_counter()
         timed_out = False
         try:
-            allocations = list_allocations(self._path, self._timeout, self._keep)
-            state, error = KubeletState(allocations, True, time.perf_counter() - started, time.time()), ""
+            refused = Refused()
+            allocations = list_allocations(self._path, self._timeout, self._keep, self._keep_dra, refused)
+            counted = tuple(sorted((d, n, refused.examples[d]) for d, n in refused.counts.items()))
+            state, error = KubeletState(allocations, True, time.perf_counter() - started, time.time(), counted), ""
         except PodResourcesError as err:
             timed_out = "DEADLINE_EXCEEDED" in str(err)
             state, error = KubeletState((), False, time.perf_counter() - started, time.time()), str(err)
