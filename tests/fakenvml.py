@@ -148,6 +148,12 @@ GPM and MIG keys (issue 13), per GPU as gpu.<i>.<key>. Without them every call a
                                    mig_uuids. The parent refuses what MIG mode refuses:
                                    UtilizationRates, Encoder/DecoderUtilization, GetSamples,
                                    GetProcessUtilization NOT_SUPPORTED (mig_uuids alone: unchanged)
+                                   An entry may end in :<gi profile id>:<placement start>[:<size>]
+                                   (size 1 by default): GetGpuInstanceById(parent, gi) a GPU
+                                   instance handle (NOT_FOUND for an id no slot has), on it
+                                   GpuInstanceGetInfo those (NOT_SUPPORTED without them;
+                                   INVALID_ARGUMENT once a reload took the instance away)
+    minor=<n>                      GetMinorNumber (default: the index)
     mig_mode=<current>:<pending>   GetMigMode answer (default 1:1 with mig_uuids / mig_devices;
                                    alone: a MIG-capable GPU, 0:0 = MIG off, no MIG device)
 

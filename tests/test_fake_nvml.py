@@ -1256,3 +1256,23 @@ def test_modeled_fields_follow_their_calls_in_mig_mode(nvml):
     mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h0, 0)
     raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetFieldValues, mig, [185])  # as every call on a MIG handle
     raises(INVALID_ARGUMENT, pynvml.nvmlDeviceGetPowerUsage, mig)
+
+
+def test_minor_numbers_and_gpu_instance_placements(nvml):
+    """What NVIDIA's DRA driver names GPUs by (issue 38): minor=, and mig_devices entries ending
+    in :<GI profile id>:<placement start>[:<size>]."""
+    h0, h1 = nvml({
+        "count": 2, "gpu.0.uuid": "GPU-a", "gpu.1.uuid": "GPU-b", "gpu.0.minor": 3,
+        "gpu.1.mig_devices": "1:0:1g.10gb:MIG-x:10:1:19:6,2:0:3g.40gb:MIG-y:40:1:9:0:4,3:0:1g.10gb:MIG-z:10:1",
+    })
+    assert pynvml.nvmlDeviceGetMinorNumber(h0) == 3 and pynvml.nvmlDeviceGetMinorNumber(h1) == 1  # default: the index
+    info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h1, 1))
+    assert (info.id, info.profileId, info.placement.start, info.placement.size) == (1, 19, 6, 1)
+    info = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h1, 2))
+    assert (info.id, info.profileId, info.placement.start, info.placement.size) == (2, 9, 0, 4)
+    raises(NOT_SUPPORTED, pynvml.nvmlGpuInstanceGetInfo, pynvml.nvmlDeviceGetGpuInstanceById(h1, 3))  # not given
+    raises(NOT_FOUND, pynvml.nvmlDeviceGetGpuInstanceById, h1, 7)
+    raises(NOT_SUPPORTED, pynvml.nvmlDeviceGetGpuInstanceById, h0, 1)  # MIG off
+    stale = pynvml.nvmlDeviceGetGpuInstanceById(h1, 2)
+    nvml({"count": 2, "gpu.0.uuid": "GPU-a", "gpu.1.uuid": "GPU-b", "gpu.1.mig_devices": "1:0:1g.10gb:MIG-x:10:1:19:6"})
+    raises(INVALID_ARGUMENT, pynvml.nvmlGpuInstanceGetInfo, stale)  # the instance was destroyed

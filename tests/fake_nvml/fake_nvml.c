@@ -114,7 +114,8 @@ _Static_assert(__builtin_offsetof(nvmlProcessUtilizationSample_t, decUtil) == 28
     X(nvmlEventSetWait_v2) X(nvmlEventSetWait) X(nvmlEventSetFree)                       \
     X(nvmlGpmQueryDeviceSupport) X(nvmlGpmSampleAlloc) X(nvmlGpmSampleFree)              \
     X(nvmlGpmSampleGet) X(nvmlGpmMigSampleGet) X(nvmlGpmMetricsGet)                      \
-    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)
+    X(nvmlDeviceGetGpuInstanceId) X(nvmlDeviceGetComputeInstanceId)                      \
+    X(nvmlDeviceGetGpuInstanceById) X(nvmlGpuInstanceGetInfo)
 
 enum {
 #define X(n) FN_##n,
@@ -257,6 +258,10 @@ typedef struct {
     int mig_slot_rc[FAKE_MAX_MIG];
     unsigned int mig_gi[FAKE_MAX_MIG], mig_ci[FAKE_MAX_MIG];
     char mig_profile[FAKE_MAX_MIG][32];
+    /* the slot's GPU instance profile id and placement (start, size): nvmlGpuInstanceGetInfo;
+     * -1: not given (the call answers NOT_SUPPORTED) */
+    int mig_gi_profile[FAKE_MAX_MIG], mig_start[FAKE_MAX_MIG], mig_size[FAKE_MAX_MIG];
+    long long minor; /* nvmlDeviceGetMinorNumber; UNSET: the index */
     unsigned long long mig_mem_total[FAKE_MAX_MIG], mig_mem_used[FAKE_MAX_MIG];
     /* ECC: ecc -1 none, 0 off, 1 on; ecc_count[errorType][counterType] */
     int ecc, ecc_pending;
@@ -356,6 +361,8 @@ static void gpu_defaults(int i, fake_gpu_t *gp) {
     gp->supported_reasons = 0x1ff;
     gp->cc_major = 9;
     gp->cc_minor = 0;
+    gp->minor = UNSET;
+    for (int m = 0; m < FAKE_MAX_MIG; m++) gp->mig_gi_profile[m] = gp->mig_start[m] = gp->mig_size[m] = -1;
     gp->ecc = -1;
     gp->ecc_pending = UNSET;
     gp->putil_supported = 1;
@@ -737,8 +744,9 @@ static int parse_gpm_key(fake_gpu_t *gp, const char *k, const char *v, const cha
     return parse_gpm_value(&gp->gpm_dev, k, v, full);
 }
 
-/* mig_devices=<gi>:<ci>:<profile>:<uuid>:<mem_total>:<mem_used>|empty|invalid,... (MIG on;
- * empty: MIG on, no slot); mig_mode=<current>:<pending> (a MIG-capable GPU, default 1:1) */
+/* mig_devices=<gi>:<ci>:<profile>:<uuid>:<mem_total>:<mem_used>[:<gi profile id>:<placement
+ * start>[:<size>]]|empty|invalid,... (MIG on; empty: MIG on, no slot); mig_mode=<current>:<pending>
+ * (a MIG-capable GPU, default 1:1) */
 static void parse_mig_devices(fake_gpu_t *gp, const char *v, const char *full) {
     gp->mig_enabled = 1;
     gp->mig_detail = 1;
@@ -759,8 +767,14 @@ static void parse_mig_devices(fake_gpu_t *gp, const char *v, const char *full) {
             char profile[32], uuid[FAKE_UUID_LEN];
             unsigned int gi, ci;
             unsigned long long total, used;
-            if (sscanf(entry, "%u:%u:%31[^:]:%95[^:]:%llu:%llu", &gi, &ci, profile, uuid, &total, &used) != 6 || gi >= FAKE_MAX_GI)
+            int gi_profile = -1, start = -1, size = 1;
+            int got = sscanf(entry, "%u:%u:%31[^:]:%95[^:]:%llu:%llu:%d:%d:%d", &gi, &ci, profile, uuid, &total, &used,
+                             &gi_profile, &start, &size);
+            if ((got != 6 && got != 8 && got != 9) || gi >= FAKE_MAX_GI || (got >= 8 && (gi_profile < 0 || start < 0)))
                 goto bad;
+            gp->mig_gi_profile[n] = got >= 8 ? gi_profile : -1;
+            gp->mig_start[n] = got >= 8 ? start : -1;
+            gp->mig_size[n] = got >= 8 ? size : -1;
             gp->mig_slot_rc[n] = NVML_SUCCESS;
             gp->mig_gi[n] = gi;
             gp->mig_ci[n] = ci;
@@ -800,6 +814,7 @@ static void parse_gpu_key(fake_gpu_t *gp, const char *k, const char *v, const ch
     else if (strcmp(k, "pstate") == 0) gp->pstate = (int)num(v);
     else if (strcmp(k, "clocks_event_reasons") == 0) gp->reasons = num(v);
     else if (strcmp(k, "supported_clocks_event_reasons") == 0) gp->supported_reasons = num(v);
+    else if (strcmp(k, "minor") == 0) gp->minor = (long long)num(v);
     else if (strcmp(k, "cuda_cc") == 0) sscanf(v, "%d.%d", &gp->cc_major, &gp->cc_minor);
     else if (strcmp(k, "processes") == 0) gp->n_compute = parse_procs(v, &gp->compute, full);
     else if (strcmp(k, "graphics_processes") == 0) gp->n_graphics = parse_procs(v, &gp->graphics, full);
@@ -1131,7 +1146,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
     DEV_ENTER(nvmlDeviceGetMinorNumber);
     if (!minor) return leave(NVML_ERROR_INVALID_ARGUMENT);
-    *minor = (unsigned int)idx_;
+    *minor = gp->minor == UNSET ? (unsigned int)idx_ : (unsigned int)gp->minor;
     return leave(NVML_SUCCESS);
 }
 
@@ -1563,6 +1578,52 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int
 
 EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned int *id) {
     return instance_id(FN_nvmlDeviceGetComputeInstanceId, device, id, 1);
+}
+
+/* GPU instance handles: parent * FAKE_MAX_GI + id of an array of their own */
+struct nvmlGpuInstance_st {
+    int parent;
+    unsigned int id;
+};
+static struct nvmlGpuInstance_st g_gi_handles[MAX_GPUS * FAKE_MAX_GI];
+
+/* the first present mig_devices slot of GPU instance id on gp, else -1 */
+static int gi_slot(const fake_gpu_t *gp, unsigned int id) {
+    for (int n = 0; n < mig_slots(gp); n++)
+        if (gp->mig_slot_rc[n] == NVML_SUCCESS && gp->mig_gi[n] == id) return n;
+    return -1;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, nvmlGpuInstance_t *gpuInstance) {
+    DEV_ENTER(nvmlDeviceGetGpuInstanceById); /* a MIG handle as the parent: INVALID_ARGUMENT */
+    if (!gp->mig_enabled) return leave(NVML_ERROR_NOT_SUPPORTED);
+    if (!gpuInstance || id >= FAKE_MAX_GI) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (!gp->mig_detail || gi_slot(gp, id) < 0) return leave(NVML_ERROR_NOT_FOUND);
+    struct nvmlGpuInstance_st *h = &g_gi_handles[idx_ * FAKE_MAX_GI + (int)id];
+    h->parent = idx_;
+    h->id = id;
+    *gpuInstance = h;
+    return leave(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info) {
+    uintptr_t a = (uintptr_t)gpuInstance, base = (uintptr_t)g_gi_handles;
+    int known = a >= base && a < base + sizeof g_gi_handles && (a - base) % sizeof g_gi_handles[0] == 0;
+    int parent = known ? gpuInstance->parent : -1;
+    nvmlReturn_t rc = enter(FN_nvmlGpuInstanceGetInfo, parent, 1);
+    if (rc != NVML_SUCCESS) return leave(rc);
+    if (!known || !info || parent < 0 || parent >= g.count) return leave(NVML_ERROR_INVALID_ARGUMENT);
+    fake_gpu_t *gp = &g.gpus[parent];
+    int n = gi_slot(gp, gpuInstance->id);
+    if (n < 0) return leave(NVML_ERROR_INVALID_ARGUMENT); /* destroyed since: a stale handle */
+    if (gp->mig_gi_profile[n] < 0) return leave(NVML_ERROR_NOT_SUPPORTED);
+    g_handles[parent].index = parent;
+    info->device = &g_handles[parent];
+    info->id = gpuInstance->id;
+    info->profileId = (unsigned int)gp->mig_gi_profile[n];
+    info->placement.start = (unsigned int)gp->mig_start[n];
+    info->placement.size = (unsigned int)gp->mig_size[n];
+    return leave(NVML_SUCCESS);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetDriverModel_v2(nvmlDevice_t device, nvmlDriverModel_t *current,

@@ -161,4 +161,17 @@ typedef struct {
     unsigned int isSupportedDevice;
 } nvmlGpmSupport_t;
 
+/* GPU instances (MIG): what NVIDIA's DRA driver names a MIG device by */
+typedef struct nvmlGpuInstance_st *nvmlGpuInstance_t;
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    nvmlGpuInstancePlacement_t placement;
+} nvmlGpuInstanceInfo_t;
+
 #endif
