@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from .accounting import Accounting
 from .attribution import Attribution
 from .backends import GpuBackend, GpuOptions, make_backend
 from .config import MonitorOptions, options_from_keywords
@@ -254,6 +255,7 @@ class ResourceMonitor:
         self.processes_group_by = options.processes.group_by
         self.processes_max_per_gpu = options.processes.max_per_gpu
         self._attribution = Attribution(options, options.enabled("processes") and self._backend is not None, self._log)
+        self._accounting = Accounting()  # busy time and energy per workload (processes collector)
         self._host_lock = threading.Lock()
         self._cond = threading.Condition()
         self._snapshot: Snapshot | None = None
@@ -373,9 +375,15 @@ class ResourceMonitor:
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
         who = self._attribution.refresh(gpu, deadline, self.processes_max_per_gpu)
+        processes, workloads, unattributed = who.processes, (), ()
+        if processes is not None and gpu_status is not None and gpu_status.timestamp_seconds is not None:
+            # the reading's own time: a reading served again (a late caller) adds nothing
+            accounted = self._accounting.update(who.gpu, processes, self.processes_group_by, gpu_status.timestamp_seconds)
+            processes, workloads, unattributed = accounted.processes, accounted.workloads, accounted.unattributed
         snap = Snapshot(
             gpu=who.gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
-            processes=who.processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
+            processes=processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
+            workloads=workloads, unattributed_energy=unattributed,
             unresolved_devices=who.unresolved_devices,
         )
         return snap, complete
@@ -518,16 +526,21 @@ class ResourceMonitor:
         """The processes on the GPUs, from the same snapshot as /metrics (one entry per
         process and GPU, largest VRAM first): gpu index, uuid, pid, process (its comm),
         user, memory_bytes (None where the driver hides it), utilization (engine -> ratio
-        since the previous refresh), container_id, pod_uid, namespace, pod, container ("" where
-        unknown). Empty when the processes collector is off (collect_processes=False)."""
+        since the previous refresh), busy_seconds (engine -> seconds the process kept it busy
+        since the exporter first saw it; empty where the GPU has no per-process busy time),
+        energy_joules (its share of the GPU's energy since then; None where the GPU has no
+        energy counter or no per-process busy time), container_id, pod_uid, namespace, pod,
+        container, job_id ("" where unknown). Empty when the processes collector is off
+        (collect_processes=False)."""
         snap = self._open_snapshot()
         rows = sorted(snap.processes or (), key=lambda p: (-(p.memory_bytes or 0), p.gpu, p.pid))
         return [
             {
                 "gpu": p.gpu, "uuid": p.uuid, "pid": p.pid, "process": p.process, "user": p.user,
                 "memory_bytes": p.memory_bytes, "utilization": dict(p.utilization),
+                "busy_seconds": dict(p.busy_seconds), "energy_joules": p.energy_joules,
                 "container_id": p.container_id, "pod_uid": p.pod_uid,
-                "namespace": p.namespace, "pod": p.pod, "container": p.container,
+                "namespace": p.namespace, "pod": p.pod, "container": p.container, "job_id": p.job_id,
             }
             for p in rows
         ]

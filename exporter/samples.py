@@ -380,6 +380,10 @@ class Snapshot:
     kubernetes_status: CollectorStatus | None = None
     # DRA devices no GPU of this host answers to, (resource, count); None with allocations
     unresolved_devices: tuple[tuple[str, int], ...] | None = None
+    # busy time and energy per workload and the unattributed energy (accounting.py); empty
+    # with the processes collector off
+    workloads: tuple[WorkloadUsage, ...] = ()
+    unattributed_energy: tuple[UnattributedEnergy, ...] = ()
 
     def gpu_by_index(self, index: int) -> GpuSample | None:
         if self.gpu is None:

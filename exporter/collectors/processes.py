@@ -5,15 +5,19 @@ summed; pid, process and user left out), at most max_per_gpu per GPU and family 
 for utilization), the largest by memory. And one resmon_gpu_job_info per GPU and Slurm job
 with a process on it, every job (not cut by max_per_gpu: a job's processes may all be below
 the cut, and the per-job joins need its row), whatever the grouping.
+
+Busy seconds and energy per row are counters kept by exporter/accounting.py (the snapshot's
+workloads: a container's keep what its exited processes added), served for the same rows as
+the other families (the cut by memory), and the unattributed energy once per GPU.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..samples import CollectorStatus, ProcessSample
+from ..samples import CollectorStatus, ProcessSample, UnattributedEnergy, WorkloadUsage
 from .series import GPU_LABELS, Scrape, part_status
 from .series import put as _put
 
@@ -24,6 +28,9 @@ FAMILIES: dict[str, str] = {
     "resmon_gpu_process_memory_used_bytes": "gauge",
     "resmon_gpu_process_utilization_ratio": "gauge",
     "resmon_gpu_job_info": "gauge",
+    "resmon_gpu_process_busy_seconds_total": "counter",
+    "resmon_gpu_process_energy_joules_total": "counter",
+    "resmon_gpu_unattributed_energy_joules_total": "counter",
 }
 # no process on a GPU is itself an answer: the families are declared, without samples
 DECLARED_WHEN_EMPTY = frozenset(FAMILIES)
@@ -74,10 +81,16 @@ def _jobs(processes: tuple[ProcessSample, ...]) -> list[tuple[int, str, str, str
 
 
 def families(scrape: Scrape) -> Iterator[Metric]:
-    yield from process_families(scrape.snap.processes, scrape.group_by, scrape.max_per_gpu)
+    snap = scrape.snap
+    yield from process_families(
+        snap.processes, scrape.group_by, scrape.max_per_gpu, snap.workloads, snap.unattributed_energy
+    )
 
 
-def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str, max_per_gpu: int) -> Iterator[Metric]:
+def process_families(
+    processes: tuple[ProcessSample, ...] | None, group_by: str, max_per_gpu: int,
+    workloads: tuple[WorkloadUsage, ...] = (), unattributed: tuple[UnattributedEnergy, ...] = (),
+) -> Iterator[Metric]:
     if processes is None:
         return
     extra = (PROCESS_LABELS if group_by == "process" else []) + OWNER_LABELS
@@ -91,6 +104,17 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
         "Mean utilization of the GPU engine by the process (or container) since the previous refresh (0-1).",
         labels=GPU_LABELS + extra + ["engine"],
     )
+    busy = CounterMetricFamily(
+        "resmon_gpu_process_busy_seconds",
+        "Seconds the process (or the container's processes) kept the GPU engine busy, since the exporter first saw it.",
+        labels=GPU_LABELS + extra + ["engine"],
+    )
+    energy = CounterMetricFamily(
+        "resmon_gpu_process_energy_joules",
+        "The process's (or container's) share of the GPU's energy, by its busiest engine's share of each refresh interval, in joules.",
+        labels=GPU_LABELS + extra,
+    )
+    usage = {(w.gpu, w.uuid, w.key): w for w in workloads}
     for rows in _rows(processes, group_by):
         rows.sort(key=lambda r: (-(r[1] if r[1] is not None else -1), tuple(r[0].values())))
         for labels, used, ratios in rows[:max_per_gpu]:
@@ -98,8 +122,26 @@ def process_families(processes: tuple[ProcessSample, ...] | None, group_by: str,
                 _put(memory, labels, used)
             for engine, ratio in ratios.items():
                 _put(util, {**labels, "engine": engine}, ratio)
+            values = tuple(labels.values())
+            work = usage.get((int(values[0]), values[1], values[2:]))
+            if work is None:
+                continue  # no per-process busy time (MIG, gpu-tracker)
+            for engine, seconds in work.busy_seconds:
+                _put(busy, {**labels, "engine": engine}, seconds)
+            if work.energy_joules is not None:
+                _put(energy, labels, work.energy_joules)
     yield memory
     yield util
+    yield busy
+    yield energy
+    rest = CounterMetricFamily(
+        "resmon_gpu_unattributed_energy_joules",
+        "The GPU's energy no process it lists was charged with (idle time, processes the exporter cannot see), in joules.",
+        labels=GPU_LABELS,
+    )
+    for part in unattributed:
+        _put(rest, {"gpu": str(part.gpu), "uuid": part.uuid}, part.joules)
+    yield rest
     jobs = GaugeMetricFamily(
         "resmon_gpu_job_info",
         "A Slurm job with a process on this GPU (its cgroup's job_<id>); user: the job's process owner. Value 1.",

@@ -371,7 +371,7 @@ class AmdgpuBackend:
         for client in clients.processes if clients is not None else ():
             known = mine.get(client.pid)
             memory = known.memory_bytes if known is not None else client.memory_bytes  # KFD's VRAM wins
-            mine[client.pid] = GpuProcess(client.pid, memory, client.utilization)
+            mine[client.pid] = GpuProcess(client.pid, memory, client.utilization, client.busy_seconds)
         if not kfd_known and clients is None:
             return None, None  # unknown, not 0
         listed = tuple(mine[pid] for pid in sorted(mine))

@@ -59,6 +59,12 @@ Policy:
   not added twice; past that, each device keeps the highest client-id it forgot: drm-client-ids
   only grow, so a client at or under it coming back was counted before and starts from a new
   baseline (its growth while away is lost; a never-seen client that old is taken for one).
+- per process (GpuProcess.busy_seconds, for the workload counters of exporter/accounting.py):
+  per device and pid, a counter from 0 at the first scan that saw the pid, growing by what
+  its clients' counters grew between scans, per engine of the class as the device's. A
+  client's first sight adds nothing (its past is not this exporter's interval), and a client
+  several processes hold (fork) grows the lowest pid's counter only, as its VRAM. A pid whose
+  clients are gone from the device is forgotten.
 """
 
 from __future__ import annotations
@@ -112,7 +118,8 @@ class DeviceUsage:
     # none of its clients
     processes: tuple[GpuProcess, ...]
     # per engine, by name: seconds the device's engines were busy, summed over every client
-    # this reader has seen; never decreases
+    # this reader has seen; never decreases. Per process: GpuProcess.busy_seconds (its clients'
+    # growth since the pid was first seen; () at its first scan)
     busy_seconds: tuple[tuple[str, float], ...]
 
 
@@ -330,6 +337,9 @@ class DrmUsage:
         self._clients: dict[_Key, _Client] = {}  # the clients the previous scan saw
         self._retired: OrderedDict[_Key, _Client] = OrderedDict()  # recently gone, oldest first
         self._devices: dict[str, _Device] = {}  # every device a client was seen on, kept
+        # (pdev, pid) -> engine -> busy seconds since the pid was first seen (per engine of the class)
+        self._process_busy: dict[tuple[str, int], dict[str, float]] = {}
+        self._steps: dict[_Key, dict[str, float]] = {}  # this scan's growth per client and engine, seconds
         # pid -> (fingerprint of its fd listing, the fds that were DRM fds): a process whose
         # listing is unchanged has its DRM fds' fdinfo read without a readlink of every fd
         self._fds: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
@@ -474,7 +484,9 @@ class DrmUsage:
         previous scan saw."""
         rates: dict[_Key, dict[str, float]] = {}
         state: dict[_Key, _Client] = {}
+        self._steps = {}
         for key, info in clients.items():
+            steps = self._steps[key] = {}  # what it grew since the previous scan (not at first sight)
             device = self._devices.setdefault(key[0], _Device())
             old = self._clients.pop(key, None)
             # seen at the previous read: it has a rate, from then
@@ -500,6 +512,7 @@ class DrmUsage:
                 if prev is None:
                     grown = value  # first sight: that busy since the client was created
                     client.ns[engine] = (value, now)
+                    steps[engine] = 0.0
                 else:
                     grown, taken = _grown(value, prev[0], client.held_ns.pop(engine, None),
                                           (end - prev[1]) * 1e9 * capacity)
@@ -509,6 +522,7 @@ class DrmUsage:
                         client.held_ns[engine] = value  # held back: no rate from it
                     if previous_at is not None and now > prev[1] and engine not in client.held_ns:
                         rate[engine] = min(1.0, grown / ((now - prev[1]) * 1e9 * capacity))
+                    steps[engine] = grown / capacity / 1e9
                 # per engine of the class: rate() of the counter is the class's utilization, 0..1
                 device.busy_ns[engine] = device.busy_ns.get(engine, 0) + grown / capacity
             for engine, (busy, total) in info.cycles.items():
@@ -537,6 +551,7 @@ class DrmUsage:
                 wall = now - last_at
                 if wall > 0:
                     device.busy_s[engine] += min(share / capacity * wall, wall)
+                    steps[engine] = min(share / capacity * wall, wall)
                 if previous_at is not None:
                     rate[engine] = min(1.0, share / capacity)
             state[key] = client
@@ -563,9 +578,19 @@ class DrmUsage:
                 by_device.setdefault(key[0], {}).setdefault(pid, []).append(key)
                 owner[key] = min(pid, owner.get(key, pid))
         out: dict[str, DeviceUsage] = {}
+        process_busy: dict[tuple[str, int], dict[str, float]] = {}  # the pids holding a client now
         for pdev, device in self._devices.items():
             processes = []
             for pid, keys in sorted(by_device.get(pdev, {}).items()):
+                counters = self._process_busy.get((pdev, pid))
+                if counters is None:
+                    counters = {}  # first seen: from 0, its clients' past not counted
+                else:
+                    for k in keys:
+                        if owner[k] == pid:  # a client held by several processes: the lowest pid's
+                            for engine, seconds in self._steps.get(k, {}).items():
+                                counters[engine] = counters.get(engine, 0.0) + seconds
+                process_busy[(pdev, pid)] = counters
                 vram = [v if owner[k] == pid else 0 for k in keys if (v := clients[k].vram) is not None]
                 utilization: tuple[tuple[str, float], ...] = ()
                 measured = [rates[k] for k in keys if k in rates]
@@ -575,6 +600,7 @@ class DrmUsage:
                         for engine, ratio in rate.items():
                             summed[engine] = summed.get(engine, 0.0) + ratio
                     utilization = tuple(sorted((e, min(1.0, r)) for e, r in summed.items()))
-                processes.append(GpuProcess(pid, sum(vram) if vram else None, utilization))
+                processes.append(GpuProcess(pid, sum(vram) if vram else None, utilization, tuple(sorted(counters.items()))))
             out[pdev] = DeviceUsage(tuple(processes), device.busy_seconds())
+        self._process_busy = process_busy  # pids without a client on a device now are forgotten
         return out
