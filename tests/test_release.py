@@ -172,6 +172,7 @@ def version_disagreements(root: Path) -> list[str]:
              *sorted((root / "deploy").rglob("*.yaml"))]
     patterns = (r"/resmon-exporter:(\d[\w.+-]*\w)",        # an image reference with its tag
                 r"resmon-exporter --version (\d[\w.+-]*\w)",  # helm install from the registry
+                r"resmon-exporter-(\d[\w.+-]*\w)\.tgz",    # a packaged chart
                 r"newTag: \"?(\d[\w.+-]*\w)")                 # a kustomize images: entry
     for path in texts:
         if path.is_file():
