@@ -221,8 +221,9 @@ class AmdgpuBackend:
         has = set(_DEVICE_VALUES).intersection(sysfs.listdir(d, d) or ())
         if hwmon is not None:
             has |= {f"hwmon/{n}" for n in set(_HWMON_VALUES).intersection(sysfs.listdir(hwmon, d) or ())}
+        # drm_card: AMD's DRA driver names a GPU gpu-<card>-<renderD> (kubernetes attribution)
         identity = GpuIdentity(index=index, uuid=uuid, name=self._name(card, sysfs.read(join(d, "product_name"), d)),
-                               pci_bus_id=card.pci)
+                               pci_bus_id=card.pci, drm_card=os.path.basename(card.card_dir) if card.card_dir else "")
         state = _State(card, identity, hwmon, frozenset(has),
                        missing_max=frozenset(k for k in ("pp_dpm_sclk", "pp_dpm_mclk") if k in has))
         self._max_clocks(state)
