@@ -35,7 +35,7 @@ import yaml
 
 from resmon_exporter.version import __version__
 from test_kubernetes_manifests import (K8S, K8S_VERSIONS, OVERLAYS, RULES, DASHBOARDS, config, enum_violations,
-                                       kubectl, kustomize, validate_cr)
+                                       kubectl, kustomize, promtool, validate_cr)
 
 pytestmark = pytest.mark.e2e
 
@@ -266,6 +266,17 @@ def test_the_prometheusrule_and_dashboards_come_from_their_sources(rendered: dic
         configmap = maps[f"{path.stem}-dashboard"]
         assert configmap["data"] == {path.name: path.read_text()}  # byte for byte
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_promtool_accepts_every_rendered_prometheusrule(rendered: dict[str, list[dict[str, Any]]],
+                                                         tmp_path: Path) -> None:
+    rules = [(case, d) for case, docs in rendered.items() for d in docs if d["kind"] == "PrometheusRule"]
+    assert len(rules) >= 3
+    for case, rule in rules:
+        path = tmp_path / f"{case}.rules.yml"
+        path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False))
+        done = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"ci/{case}: {done.stdout}{done.stderr}"
 
 
 # -- bad values fail at install, with helm's own message ---------------------------------------
