@@ -45,6 +45,9 @@ Parts = tuple[str, ...]
 
 LEAVES = ("samples", "logs", "version", "config")
 LOWER = ("backends", "attribution", "host", "samples", "counters", "logs", "config", "version")
+# The NVML backend in rooms (backend.py composes them; docs/architecture.md): nothing else in
+# backends.nvml imports one, so a room never reaches up into the backend or sideways into another
+NVML_ROOMS = ("backends.nvml.backend", "backends.nvml.session", "backends.nvml.registry", "backends.nvml.gpu_read")
 
 
 # -- reading the package --------------------------------------------------------------------
@@ -286,6 +289,12 @@ RULES: tuple[Rule, ...] = (
         lambda module: under(module, "monitor"),
         lambda target: under(target, "collectors", "http", "cli"),
     ),
+    Rule(
+        "the NVML backend's rooms: within backends.nvml only backend imports session, registry or "
+        "gpu_read, and nothing imports backend (the rooms and the modules below them import down only)",
+        lambda module: under(module, "backends.nvml") and module != "backends.nvml.backend",
+        lambda target: target in NVML_ROOMS,
+    ),
 )
 
 
@@ -368,6 +377,22 @@ def check_the_checkers() -> None:
     acyclic = {**graph, "collectors.gpu": {"samples": [7]}}
     assert find_cycles(acyclic) == []
     assert check_rules(acyclic) == []
+
+
+def test_the_nvml_rooms_rule_catches_a_room_importing_up_or_sideways() -> None:
+    """The NVML backend's rooms (backend.py composes session, registry and gpu_read) on a
+    small graph: the backend importing a room is the one allowed direction."""
+    graph = {
+        "backends.nvml.backend": {"backends.nvml.session": [1], "backends.nvml.registry": [2], "backends.nvml.errors": [3]},
+        "backends.nvml.registry": {"backends.nvml.backend": [4], "backends.nvml.errors": [5]},  # up: against the rule
+        "backends.nvml.session": {"backends.nvml.gpu_read": [6]},  # sideways: against the rule
+        "backends.nvml.errors": {},
+    }
+    rule = next(r for r in RULES if "NVML backend's rooms" in r.description)
+    assert check_rules(graph, [rule]) == [
+        Violation(rule.description, "backends.nvml.registry", "backends.nvml.backend", [4]),
+        Violation(rule.description, "backends.nvml.session", "backends.nvml.gpu_read", [6]),
+    ]
 
 
 def test_the_walk_sees_the_package(package: PackageGraph) -> None:

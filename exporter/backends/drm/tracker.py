@@ -13,7 +13,7 @@ refresh's deadline: a card whose read is still in flight then is down alone (res
 under its identity), and is not read again until that read returns.
 
 A card no longer listed is forgotten as the NVML backend forgets a departed GPU (the same
-rule, nvml/backend.py): after DEPARTED_SECONDS, or sooner when more than DEPARTED_PER_GPU x
+rule, nvml/registry.py): after DEPARTED_SECONDS, or sooner when more than DEPARTED_PER_GPU x
 the most cards listed at once have departed (the oldest departure first), so cards replugged
 at new PCI addresses cannot grow series and memory without bound. A forgotten card that comes
 back is a new card, with a new index.
@@ -33,7 +33,7 @@ from . import errors as sysfs
 from .cards import Card
 from .readers import Readers
 
-# The NVML backend's rule for departed GPUs (nvml/backend.py; a test checks they agree): a
+# The NVML backend's rule for departed GPUs (nvml/registry.py; a test checks they agree): a
 # card no longer listed stays as resmon_gpu_up 0 for this long (ResmonGpuDown fires after 2
 # minutes), at most DEPARTED_PER_GPU x the most cards listed at once of them
 DEPARTED_SECONDS = 600.0
