@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -72,6 +73,16 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> str:
     home = tmp_path_factory.mktemp("helm-home")
     HELM_ENV.update({f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CONFIG", "CACHE", "DATA")})
     return binary
+
+
+def test_the_extraction_script_the_release_workflow_runs(helm: str, tmp_path: Path) -> None:
+    script = [sys.executable, str(HELM_DIR / "helm_binary.py")]
+    usage = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and not usage.stdout, usage.stderr
+    done = subprocess.run([*script, str(tmp_path / "bin")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "bin" / "helm"), done.stderr
+    version = subprocess.run([done.stdout.strip(), "version", "--short"], capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith("v4."), version.stdout + version.stderr
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
