@@ -44,7 +44,7 @@ Graph = Mapping[str, Mapping[str, Sequence[int]]]
 Parts = tuple[str, ...]
 
 LEAVES = ("samples", "logs", "version", "config")
-LOWER = ("backends", "attribution", "host", "samples", "counters", "logs", "config", "version")
+LOWER = ("backends", "attribution", "host", "samples", "counters", "accounting", "logs", "config", "version")
 # The NVML backend in rooms (backend.py composes them; docs/architecture.md): nothing else in
 # backends.nvml imports one, so a room never reaches up into the backend or sideways into another
 NVML_ROOMS = ("backends.nvml.backend", "backends.nvml.session", "backends.nvml.registry", "backends.nvml.gpu_read")
@@ -264,7 +264,7 @@ RULES: tuple[Rule, ...] = (
         lambda target: under(target, "http", "cli"),
     ),
     Rule(
-        "backends, attribution, host, samples, counters, logs, config, version import nothing "
+        "backends, attribution, host, samples, counters, accounting, logs, config, version import nothing "
         "under collectors, http, cli or monitor",
         lambda module: under(module, *LOWER),
         lambda target: under(target, "collectors", "http", "cli", "monitor"),
