@@ -33,7 +33,19 @@ def variables() -> list[dict[str, Any]]:
         query("job", "Job", "label_values(resmon_build_info, job)"),
         query("instance", "Instance", 'label_values(resmon_build_info{job=~"$job"}, instance)'),
         query("gpu", "GPU", 'label_values(resmon_gpu_info{job=~"$job", instance=~"$instance"}, gpu)'),
+        *(price(name, label, default) for name, label, default in PRICES),
     ]
+
+
+# The cost panels' prices (any currency): textbox variables, so a viewer can type their own.
+PRICES = (("price_gpu_hour", "Price per GPU-hour", "2.50"), ("price_kwh", "Price per kWh", "0.15"))
+
+
+def price(name: str, label: str, default: str) -> dict[str, Any]:
+    return {"name": name, "label": label, "type": "textbox", "query": default, "hide": 0,
+            "description": f"{label}, in your currency, for the Waste and cost panels.",
+            "current": {"selected": False, "text": default, "value": default},
+            "options": [{"selected": True, "text": default, "value": default}]}
 
 
 class Layout:
@@ -195,6 +207,117 @@ def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
                                           for i, (v, (text, color)) in enumerate(texts.items())}}]
 
 
+# Waste and cost (prometheus/rules/resmon.waste.rules.yml, docs/alerts.md): a holder (a pod
+# through resmon_gpu_allocation_info, a Slurm job through resmon_gpu_job_info) is idle while its
+# busy share is under 5 %: its own processes' busy time where the exporter reports it per
+# process, else the device's. The *_hours_per_hour rules are GPUs (GPU-hours per hour) and kW
+# (kWh per hour); over the dashboard's range, each minute adds a minute's worth.
+def over_range(rule: str) -> str:
+    return f"sum_over_time({rule}[$__range:1m]) / 60"
+
+
+WASTE_NEEDS = (" Needs the recording rules of prometheus/rules/resmon.waste.rules.yml in Prometheus.")
+IDLE_NOW = f"sum(resmon:instance:gpu_idle_hours_per_hour{{{SEL}}})"
+IDLE_RANGE = f"sum({over_range(f'resmon:instance:gpu_idle_hours_per_hour{{{SEL}}}')})"
+ENERGY_RANGE = f"sum(increase(resmon_gpu_energy_joules_total{{{GSEL}}}[$__range])) / 3.6e6"
+UNATTRIBUTED_RANGE = f"sum(increase(resmon_gpu_unattributed_energy_joules_total{{{GSEL}}}[$__range])) / 3.6e6"
+HELD_IDLE = (f"resmon_gpu_process_memory_used_bytes{{{GSEL}}} "
+             f"and resmon:gpu_workload_busy:ratio_rate5m{{{GSEL}}} == 0")
+WORKLOAD_ENERGY = f"resmon_gpu_process_energy_joules_total{{{GSEL}}}"
+
+
+def cost_table(title: str, by: str, exprs: list[tuple[str, str, str]], description: str,
+               rename: dict[str, str] | None = None) -> dict[str, Any]:
+    """A table with one row per `by` label set, a column per (name, unit, expr)."""
+    refs = [chr(ord("A") + i) for i in range(len(exprs))]
+    t = panel("table", title, [target(expr, "", ref, instant=True, table=True) for ref, (_, _, expr) in zip(refs, exprs)],
+              description=description)
+    labels = [label.strip() for label in by.split(",")]
+    t["transformations"] = merged_table(
+        exclude={"Time": True},
+        index={**{label: i for i, label in enumerate(labels)},
+               **{f"Value #{ref}": len(labels) + i for i, ref in enumerate(refs)}},
+        rename={**(rename or {}), **{f"Value #{ref}": name for ref, (name, _, _) in zip(refs, exprs)}})
+    t["fieldConfig"]["overrides"] = column_units({name: unit for name, unit, _ in exprs})
+    t["options"] = {"sortBy": [{"displayName": exprs[0][0], "desc": True}]}
+    return t
+
+
+def waste_row(lay: Layout, node: bool) -> None:
+    """The "Waste and cost" row: fleet-wide totals and rankings, or (node) one node's holders."""
+    lay.row("Waste and cost")
+    lay.add(panel("stat", "Idle allocated GPUs now", [target(f"{IDLE_NOW} or vector(0)", "idle", instant=True)],
+                  description="GPUs held by a pod or a Slurm job whose every holder was under 5 % busy over the "
+                              "last 5 minutes (the alert ResmonGpuAllocatedIdle fires after an hour of it)." +
+                              WASTE_NEEDS, thresholds=thresholds((None, "green"), (1, "orange"))), 4, 4)
+    lay.add(panel("stat", "Idle GPU-hours", [target(f"{IDLE_RANGE} or vector(0)", "GPU-hours", instant=True)],
+                  description="GPU-hours the allocated GPUs spent idle over the dashboard's time range." + WASTE_NEEDS,
+                  decimals=1), 4, 4)
+    lay.add(panel("stat", "Cost of idle GPU-hours", [target(f"({IDLE_RANGE} or vector(0)) * $price_gpu_hour", "cost",
+                                                            instant=True)],
+                  description="Idle GPU-hours over the range times the price per GPU-hour (dashboard variable).",
+                  decimals=2), 4, 4)
+    lay.add(panel("stat", "GPU energy", [target(ENERGY_RANGE, "kWh", instant=True)], "kwatth",
+                  description="Energy the GPUs used over the range (their energy counters)."), 4, 4)
+    lay.add(panel("stat", "GPU energy cost", [target(f"{ENERGY_RANGE} * $price_kwh", "cost", instant=True)],
+                  description="GPU energy over the range times the price per kWh (dashboard variable).",
+                  decimals=2), 4, 4)
+    lay.add(panel("stat", "Energy no workload was charged", [target(
+        f"{UNATTRIBUTED_RANGE} / {ENERGY_RANGE}", "share", instant=True)], "percentunit",
+        description="The share of the GPUs' energy over the range that the exporter charged to no process: idle "
+                    "time, and processes it cannot see (resmon_gpu_unattributed_energy_joules_total; needs "
+                    "--collector.processes)."), 4, 4)
+    if node:
+        lay.add(cost_table("Busy share of each pod's GPU", "namespace, pod, gpu, uuid", [
+            ("Busy", "percentunit", f"resmon:gpu_pod_busy:ratio_rate5m{{{GSEL}}}"),
+        ], "Every pod holding a GPU and its busy share over the last 5 minutes: the pod's own processes' busiest "
+           "engine where the exporter reports per-process busy time on that GPU (--collector.processes), else the "
+           "whole GPU's (on a time-sliced GPU that is every pod's together). Under 5 % is idle." + WASTE_NEEDS), 12, 7)
+        lay.add(cost_table("Busy share of each Slurm job's GPU", "job_id, user, gpu, uuid", [
+            ("Busy", "percentunit", f"resmon:gpu_slurm_job_busy:ratio_rate5m{{{GSEL}}}"),
+        ], "Every Slurm job with a process on a GPU and its busy share over the last 5 minutes, as for pods."
+           + WASTE_NEEDS, rename={"job_id": "Slurm job"}), 12, 7)
+        lay.add(ts("Idle GPUs by holder", [
+            (f"resmon:pod:gpu_idle_hours_per_hour{{{SEL}}}", "{{instance}} {{namespace}}/{{pod}}"),
+            (f"resmon:slurm_job:gpu_idle_hours_per_hour{{{SEL}}}", "{{instance}} Slurm job {{job_id}} ({{user}})"),
+        ], "short", min=0, description="GPUs each pod and Slurm job holds and leaves idle (GPU-hours per hour)."
+                                       + WASTE_NEEDS), 12, 8)
+        lay.add(ts("GPU power by workload", [
+            (who(f"rate({WORKLOAD_ENERGY}[$__rate_interval])"), GPU_LEGEND + " {{who}}"),
+            (f"rate(resmon_gpu_unattributed_energy_joules_total{{{GSEL}}}[$__rate_interval])",
+             GPU_LEGEND + " unattributed"),
+        ], "watt", min=0, description="Each workload's share of its GPU's power: the device's energy split by the "
+                                      "workloads' busy time (docs/metrics.md); unattributed: idle time and processes "
+                                      "the exporter cannot see. Needs --collector.processes."), 12, 8)
+    else:
+        lay.add(cost_table("Idle GPU-hours by namespace", "namespace", [
+            ("Idle GPU-hours", "short", f"sort_desc(sum by (namespace) "
+                                        f"({over_range(f'resmon:namespace:gpu_idle_hours_per_hour{{{SEL}}}')}))"),
+            ("Cost", "short", f"sum by (namespace) ({over_range(f'resmon:namespace:gpu_idle_hours_per_hour{{{SEL}}}')})"
+                              " * $price_gpu_hour"),
+        ], "GPU-hours each namespace's pods held a GPU and left it idle over the range, and what they cost."
+           + WASTE_NEEDS), 12, 7)
+        lay.add(cost_table("Idle GPU-hours by Slurm job", "job_id, user", [
+            ("Idle GPU-hours", "short", f"sort_desc(sum by (job_id, user) "
+                                        f"({over_range(f'resmon:slurm_job:gpu_idle_hours_per_hour{{{SEL}}}')}))"),
+            ("Cost", "short", f"sum by (job_id, user) "
+                              f"({over_range(f'resmon:slurm_job:gpu_idle_hours_per_hour{{{SEL}}}')}) * $price_gpu_hour"),
+        ], "GPU-hours each Slurm job (and its user) held a GPU and left it idle over the range, and what they cost."
+           + WASTE_NEEDS, rename={"job_id": "Slurm job"}), 12, 7)
+    lay.add(cost_table("Energy by workload", "job, instance, who", [
+        ("Energy", "kwatth", f"sort_desc(sum by (job, instance, who) ({who(f'increase({WORKLOAD_ENERGY}[$__range])')}))"
+                             " / 3.6e6"),
+        ("Cost", "short", f"sum by (job, instance, who) ({who(f'increase({WORKLOAD_ENERGY}[$__range])')}) / 3.6e6 "
+                          "* $price_kwh"),
+    ], "Energy each workload (pod, process, container or Slurm job) was charged over the range, summed over its GPUs, "
+       "and its cost at the price per kWh. Needs --collector.processes.", rename={"who": "Workload"}), 12, 8)
+    lay.add(cost_table("VRAM held without work", "who, instance, gpu", [
+        ("VRAM", "bytes", f"topk(10, {who(HELD_IDLE)})"),
+    ], "The largest VRAM holders whose processes had no engine time over the last 5 minutes (ResmonGpuMemoryHeldIdle "
+       "fires after an hour of it above 10 % of the GPU): memory no one else can use. Needs --collector.processes."
+       + WASTE_NEEDS, rename={"who": "Holder"}), 12, 8)
+
+
 def fleet() -> dict[str, Any]:
     lay = Layout()
     lay.row("Fleet")
@@ -277,6 +400,7 @@ def fleet() -> dict[str, Any]:
         {"VRAM": "bytes", "SM utilization": "percentunit", "GPUs allocated": "short"})
     pods["options"] = {"sortBy": [{"displayName": "VRAM", "desc": True}]}
     lay.add(pods, 24, 8)
+    waste_row(lay, node=False)
     lay.row("Hosts")
     lay.add(ts("Host CPU", [(f"resmon_cpu_utilization_ratio{{{SEL}}}", "{{instance}}")], "percentunit", min=0, max=1), 12, 7)
     lay.add(ts("Host memory used", [(f"resmon_memory_used_bytes{{{SEL}}} / resmon_memory_total_bytes{{{SEL}}}", "{{instance}}")],
@@ -364,6 +488,7 @@ def node() -> dict[str, Any]:
                     "own processes there, and the whole GPU's busy share, which is the job's on a GPU it has to "
                     "itself. Needs --collector.processes (off by default).")
     lay.add(jobs, 24, 7)
+    waste_row(lay, node=True)
     lay.row("Power and thermals")
     lay.add(ts("Temperature", [
         (f"resmon_gpu_temperature_celsius{{{GSEL}}}", GPU_LEGEND),

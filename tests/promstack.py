@@ -20,8 +20,10 @@ import yaml
 from fakenvml import REPO
 
 RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"
+# every rules file the compose stack loads (rule_files: rules/*.yml): the main one, the waste one
+RULE_FILES = sorted((REPO / "prometheus" / "rules").glob("*.yml"))
 VARIABLE_VALUES = {"$job": ".*", "$instance": ".*", "$gpu": ".*", "$__rate_interval": "1m", "$__interval": "15s",
-                   "$__range": "1h"}
+                   "$__range": "1h", "$price_gpu_hour": "2.5", "$price_kwh": "0.15"}
 
 
 def need(tool: str) -> str:
@@ -77,19 +79,20 @@ def recording_rules(path: Path = RULES) -> dict[str, str]:
 
 
 def write_test_rules(directory: Path, for_: str = "2s") -> Path:
-    """A test copy of the rules with short `for`, so alerts fire within the test, and rate
-    windows of minutes cut to 30 s: rate() divides by the whole window, so over [10m] a
-    series a minute old would read a tenth of its real rate (the 6 h NVLink memory stays)."""
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = for_
-            rule["expr"] = re.sub(r"\[(?:[1-9]|10)m\]", "[30s]", rule["expr"])
+    """A test copy of every rules file (RULE_FILES) with short `for`, so alerts fire within the
+    test, and rate windows of minutes cut to 30 s: rate() divides by the whole window, so over
+    [10m] a series a minute old would read a tenth of its real rate (the 6 h NVLink memory
+    stays). Returns the copy of the main file; load directory/*.yml for all of them."""
     directory.mkdir(parents=True, exist_ok=True)
-    out = directory / "resmon.rules.yml"
-    out.write_text(yaml.safe_dump(rules, sort_keys=False))
-    return out
+    for path in RULE_FILES:
+        rules = yaml.safe_load(path.read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                if "for" in rule:
+                    rule["for"] = for_
+                rule["expr"] = re.sub(r"\[(?:[1-9]|10)m\]", "[30s]", rule["expr"])
+        (directory / path.name).write_text(yaml.safe_dump(rules, sort_keys=False))
+    return directory / RULES.name
 
 
 # -- processes and HTTP --------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from resmon_exporter.cli import FLAGS
 from resmon_exporter.collectors.registry import FAMILIES
-from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fake_kubelet import Claim, Container, Device, DraDevice, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine, profiling_machine
 from workloads import procfs_tree
@@ -52,7 +52,9 @@ def test_docs_match_a_full_scrape(run_exporter, scenario, workloads, tmp_path):
     scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}", "gpu.1.processes": f"{job}:{GIB}"})
     directory = short_socket_dir()
     kubelet = FakeKubelet(os.path.join(directory, "kubelet.sock"))
-    kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])])]
+    kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])]),
+                    # a DRA claim: resmon_kubernetes_unresolved_devices is served for each DRA driver named
+                    Pod("ml", "dra-0", [Container("c", [], claims=[Claim("gpu", [DraDevice("gpu.nvidia.com", "gpu-1")])])])]
     kubelet.start()
     try:
         served, s = _full_scrape(run_exporter, scenario, kubelet.socket_path, proc)
@@ -368,7 +370,8 @@ def test_the_readme_flags_are_real_flags_with_their_defaults():
 def test_the_alerts_doc_names_every_alert_and_recording_rule():
     import yaml
 
-    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    rules = [rule for path in sorted(RULES.parent.glob("*.yml"))  # resmon.rules.yml, resmon.waste.rules.yml
+             for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]]
     alerts = {rule["alert"] for rule in rules if "alert" in rule}
     records = {rule["record"] for rule in rules if "record" in rule}
     assert len(alerts) >= 20 and len(records) >= 3, (alerts, records)  # the file was read
@@ -376,8 +379,8 @@ def test_the_alerts_doc_names_every_alert_and_recording_rule():
     table = {row[0].strip("`") for row in ([c.strip() for c in l.strip().strip("|").split("|")]
                                            for l in text.splitlines() if l.startswith("| `Resmon"))}
     assert table == alerts, f"alert table vs rules file: {sorted(table ^ alerts)}"
-    recording = text.split("Recording rules:", 1)[1].split("\n\n", 1)[0]
-    assert set(re.findall(r"`([a-z_]+:[a-z_]+:[a-z_]+)`", recording)) == records, recording
+    recording = "\n".join(part.split("\n\n", 1)[0] for part in text.split("Recording rules:")[1:])
+    assert set(re.findall(r"`([a-z0-9_]+:[a-z0-9_]+:[a-z0-9_]+)`", recording)) == records, recording
 
 
 def test_the_shipped_web_config_is_refused_for_the_reason_the_docs_name(tmp_path):

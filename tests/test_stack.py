@@ -15,13 +15,21 @@ import yaml
 
 from fakenvml import GIB, REPO, Exporter, Scenario, Trace, gpu_keys, nvml_env
 from gpu_users import HOST_SM, HOST_VRAM, JOB_ID, JOB_SM, JOB_VRAM, POD_SM, POD_VRAM, GpuUsers
-from promstack import (RULES, PromApi, Webhook, alertmanager_config, exprs, load, need, panels, settle,
-                       start_listening, substitute, wait_until, write_test_rules)
+from promstack import (RULE_FILES, RULES, PromApi, Webhook, alertmanager_config, exprs, load, need, panels,
+                       recording_rules, settle, start_listening, substitute, wait_until, write_test_rules)
 import scenarios as sc
 from scenarios import three_gpus
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RULE_TESTS = REPO / "prometheus" / "tests" / "resmon.rules.test.yml"
+
+
+def rules_of(*paths: Path) -> list[dict[str, Any]]:
+    return [r for path in paths for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"]]
+
+
+def alerts_of(*paths: Path) -> set[str]:
+    return {r["alert"] for r in rules_of(*paths) if "alert" in r}
 def load_script(path: Path, name: str) -> Any:
     import importlib.util
 
@@ -95,14 +103,15 @@ def test_dashboard_structure(path):
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_metric_names_exist_in_the_contract(path):
-    known = contract_families() | {"up"}
+    # the contract's families, and the recording rules of prometheus/rules/ (the waste rows')
+    known = contract_families() | {"up"} | {name for f in RULE_FILES for name in recording_rules(f)}
     functions = {"sum", "count", "or", "vector", "increase", "time", "rate", "max", "min", "avg", "label_values",
                  "and", "unless", "round", "bool", "group_left", "group_right", "group", "label_join",
-                 "label_replace"}
+                 "label_replace", "sum_over_time", "topk", "sort_desc"}
     # label lists of by/without/on/ignoring/group_*, selectors, strings, ranges and offsets are not names
     grouping = r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)"
     for expr in exprs(load(path)):
-        cleaned = re.sub(grouping + r'|\{[^}]*\}|"[^"]*"|\[[^\]]*\]|\boffset\s+\w+', "", expr)
+        cleaned = re.sub(grouping + r'|\{[^}]*\}|"[^"]*"|\[[^\]]*\]|\boffset\s+\w+|\$\w+', "", expr)  # $: variables
         for name in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", cleaned):
             if name in functions or name in ("e6", "job", "instance", "gpu", "uuid") or re.fullmatch(r"e\d+", name):
                 continue
@@ -248,21 +257,28 @@ def test_pods_get_their_own_vram_not_the_shared_device(tmp_path):
 
 
 def test_rules_check_clean():
-    result = subprocess.run([need("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    assert [p.name for p in RULE_FILES] == ["resmon.rules.yml", "resmon.waste.rules.yml"]
+    result = subprocess.run([need("promtool"), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and result.stdout.count("SUCCESS") == len(RULE_FILES), result.stdout + result.stderr
     config = subprocess.run([need("promtool"), "check", "config", str(REPO / "prometheus" / "prometheus.yml")],
                             capture_output=True, text=True, timeout=60)
     assert config.returncode == 0, config.stdout + config.stderr
 
 
-def test_promtool_rule_unit_tests_pass_and_cover_every_alert():
+@pytest.mark.parametrize("rules", RULE_FILES, ids=lambda p: p.name)
+def test_promtool_rule_unit_tests_pass_and_cover_every_alert(rules):
+    """Each rules file's promtool tests (prometheus/tests/<name>.test.yml, generated): every
+    alert of that file fires in one check and stays quiet in another."""
     gen_tests = load_script(RULE_TESTS.parent / "generate.py", "rule_test_generator")
-    assert RULE_TESTS.read_text() == gen_tests.document(), "run python prometheus/tests/generate.py"
-    result = subprocess.run([need("promtool"), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True,
+    tests = RULE_TESTS.parent / gen_tests.test_file(rules.name)
+    assert tests.read_text() == gen_tests.document(rules.name), "run python prometheus/tests/generate.py"
+    result = subprocess.run([need("promtool"), "test", "rules", str(tests)], capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
-    doc = yaml.safe_load(RULE_TESTS.read_text())
-    alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r}
+    doc = yaml.safe_load(tests.read_text())
+    assert doc["rule_files"] == [f"../rules/{rules.name}"]
+    alerts = alerts_of(rules)
     fired, quiet = set(), set()
     for group in doc["tests"]:
         assert group["interval"], "Prometheus 2.42 needs interval in every test group"
@@ -271,12 +287,22 @@ def test_promtool_rule_unit_tests_pass_and_cover_every_alert():
     assert fired == alerts and quiet == alerts, (alerts - fired, alerts - quiet)
 
 
+def test_waste_recording_rules_are_tested_for_exact_values():
+    """Every recording rule of the waste file has an exp_samples check in its promtool tests."""
+    tests = yaml.safe_load((RULE_TESTS.parent / "resmon.waste.rules.test.yml").read_text())
+    checked = {re.sub(r"^round\((\S+), [0-9.]+\)$", r"\1", t["expr"]) for g in tests["tests"]
+               for t in g.get("promql_expr_test", []) if t["exp_samples"]}
+    records = set(recording_rules(RULE_FILES[1]))
+    assert records and records <= checked, sorted(records - checked)
+
+
 def test_rules_are_annotated():
-    for group in yaml.safe_load(RULES.read_text())["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                assert {"summary", "description", "runbook"} <= set(rule["annotations"]), rule["alert"]
-                assert rule["labels"]["severity"] in ("warning", "critical")
+    for rule in rules_of(*RULE_FILES):
+        if "alert" in rule:
+            assert {"summary", "description", "runbook"} <= set(rule["annotations"]), rule["alert"]
+            assert rule["labels"]["severity"] in ("warning", "critical")
+        else:
+            assert rule["record"].startswith("resmon:") or rule in rules_of(RULES), rule["record"]
 
 
 # -- compose, image, provisioning ------------------------------------------------------------
@@ -526,11 +552,19 @@ def stack(fake_libs, tmp_path_factory):
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_every_dashboard_query_returns_data(stack, path):
-    empty = []
-    for expr in exprs(load(path)):
-        if not stack.query(substitute(expr)):
-            empty.append(expr)
-    assert empty == [], f"{path.name}: queries without data: {empty}"
+    """Waits for data: the Waste and cost panels integrate recording rules over the range in
+    1-minute steps, aligned to the minute, so they have data once a minute boundary has passed
+    since the rules' first evaluation."""
+    empty: list[str] = []
+
+    def all_answered() -> bool:
+        empty[:] = [expr for expr in exprs(load(path)) if not stack.query(substitute(expr))]
+        return not empty
+
+    try:
+        wait_until("every dashboard query answered", all_answered, 120)
+    except AssertionError:
+        raise AssertionError(f"{path.name}: queries without data: {empty}") from None
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
@@ -727,6 +761,58 @@ def test_first_critical_xid_fires_and_is_delivered(stack):
     got = wait_until("the XID alert at the webhook receiver", delivered, 60)
     assert got[0]["labels"]["uuid"] == UUID[0] and got[0]["labels"]["xid"] == "79"
     assert got[0]["annotations"] == alerts[0]["annotations"]
+
+
+def test_waste_alerts_fire_on_idle_holders_and_not_on_busy_ones(stack):
+    """ResmonGpuAllocatedIdle and ResmonGpuMemoryHeldIdle live. GPU 1 goes idle: its sample
+    buffers read 0 on every engine and the Slurm job's process samples 0. Then team-b/notebook-1
+    (holds GPU 1, runs nothing) and Slurm job JOB_ID (its process on GPU 1) are idle whichever
+    busy time counts, their own or the device's; team-a/train-0 keeps GPU 0 busy (POD_SM) and
+    stays quiet. With per-process busy series (the exporter's resmon_gpu_process_busy_seconds_total)
+    notebook-1 is idle on GPU 0 too (no process of its own there, though the device is busy), and
+    the job's idle process holding JOB_VRAM (over 10 % of GPU 1) fires ResmonGpuMemoryHeldIdle."""
+    users = stack.users
+    instance = f"127.0.0.1:{stack.exporter.port}"
+    idle = {f"gpu.1.samples.{engine}": 0 for engine in ("gpu", "memory", "encoder", "decoder")}
+    stack.update(**idle, **{"gpu.1.process_util": f"{users.job_pid}:0:0:0:0"})
+    try:
+        per_process = bool(stack.query("resmon_gpu_process_busy_seconds_total"))
+
+        def holders(name: str) -> set[tuple[str, str]]:
+            return {(a["labels"]["gpu"], a["labels"].get("pod") or f"job {a['labels'].get('job_id')}")
+                    for a in stack.alerts(name)}
+
+        expected = {("1", "notebook-1"), ("1", f"job {JOB_ID}")} | ({("0", "notebook-1")} if per_process else set())
+        settle("ResmonGpuAllocatedIdle firing", lambda: holders("ResmonGpuAllocatedIdle"), expected, 90)
+        alerts = {(a["labels"]["gpu"], a["labels"].get("pod", "")): a for a in stack.alerts("ResmonGpuAllocatedIdle")}
+        job = alerts[("1", "")]
+        assert job["labels"]["job_id"] == JOB_ID and job["labels"]["user"] == users.user
+        assert job["annotations"]["summary"] == f"GPU 1 on {instance} is held by Slurm job {JOB_ID} of {users.user} and idle"
+        pod = alerts[("1", "notebook-1")]
+        assert pod["labels"]["namespace"] == "team-b" and set(pod["labels"]) == {
+            "alertname", "severity", "job", "instance", "gpu", "uuid", "namespace", "pod"}
+        assert pod["annotations"]["description"] == (
+            f"Pod team-b/notebook-1 holds GPU 1 ({UUID[1]}) and has kept it under 5 % busy for an hour (now 0%): its "
+            "own processes' busy time where the exporter reports it per process, else the whole GPU's.")
+        assert float(pod["value"]) == 0
+        # the busy pod next to them: its share is its own processes' (or the device's), well over 5 %
+        train = stack.query('resmon:gpu_pod_busy:ratio_rate5m{pod="train-0"}')
+        assert len(train) == 1 and float(train[0]["value"][1]) > 0.3, train
+        assert ("0", "train-0") not in holders("ResmonGpuAllocatedIdle")
+
+        held = {(a["labels"]["gpu"], a["labels"].get("pid", "")) for a in stack.alerts("ResmonGpuMemoryHeldIdle")}
+        if per_process:
+            settle("ResmonGpuMemoryHeldIdle firing",
+                   lambda: {(a["labels"]["gpu"], a["labels"].get("pid", "")) for a in stack.alerts("ResmonGpuMemoryHeldIdle")},
+                   {("1", str(users.job_pid))}, 60)
+            (zombie,) = stack.alerts("ResmonGpuMemoryHeldIdle")
+            assert zombie["annotations"]["summary"] == (
+                f"Process sleep (pid {users.job_pid}) holds {JOB_VRAM // GIB}GiB of GPU 1 on {instance} and does nothing")
+        else:  # no per-process busy time: nothing can be called idle by it
+            assert held == set() and stack.query("resmon:gpu_workload_busy:ratio_rate5m") == []
+    finally:
+        stack.update(**{key: None for key in idle}, **{"gpu.1.samples.gpu": GPU1_BUSY,
+                                                     "gpu.1.process_util": users.scenario()["gpu.1.process_util"]})
 
 
 def test_health_collector_failing_fires(stack):

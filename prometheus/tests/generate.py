@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Writes resmon.rules.test.yml: promtool unit tests showing every alert of
-../rules/resmon.rules.yml firing and not firing.
+"""Writes resmon.rules.test.yml and resmon.waste.rules.test.yml: promtool unit tests showing
+every alert of ../rules/resmon.rules.yml and ../rules/resmon.waste.rules.yml firing and not
+firing, and the waste recording rules' exact values.
 
 The expected labels and annotations are written out here literally, as the on-call engineer
 reads them, and are NOT derived from the rules file: a changed template, threshold, severity
 or message fails `promtool test rules` until this script says the same. After changing one:
-    python prometheus/tests/generate.py && promtool test rules prometheus/tests/resmon.rules.test.yml
+    python prometheus/tests/generate.py && promtool test rules prometheus/tests/*.test.yml
 tests/test_stack.py fails when the committed file differs from this script's output.
 """
 
@@ -548,13 +549,242 @@ def tests() -> list[dict[str, Any]]:
     return [vram, holder, filling, temp, xid, ecc, memory, nvlink, pcie, health, absent]
 
 
-def document() -> str:
-    doc = {"rule_files": ["../rules/resmon.rules.yml"], "evaluation_interval": "1m", "tests": tests()}
+
+# -- waste and cost: ../rules/resmon.waste.rules.yml ------------------------------------------
+
+WASTE_RUNBOOK = {
+    "idle": "Ask the owner to release the GPU (end the job, scale the pod down, close the notebook); check whether it "
+            "waits on input or a stuck step. Tune the threshold in prometheus/rules/resmon.waste.rules.yml.",
+    "held": "Find the holder (nvidia-smi, the node dashboard's Waste and cost row) and end it or free its memory (a "
+            "leaked CUDA context, an idle notebook kernel, a crashed job's orphan). Tune the threshold in "
+            "prometheus/rules/resmon.waste.rules.yml.",
+}
+POD_A = {"pod_uid": "7d5f3c1e-2b4a-4c6d-8e9f-0a1b2c3d4e5f", "namespace": "team-a", "pod": "train-0", "container": "trainer"}
+POD_B = {"pod_uid": "9e8d7c6b-5a49-4382-9172-605f4e3d2c1b", "namespace": "team-b", "pod": "notebook-1", "container": "lab"}
+
+
+def allocation(i: int, namespace: str, pod: str, container: str, device_id: str, **dra: str) -> dict[str, str]:
+    return gpu(i, namespace=namespace, pod=pod, container=container, resource="nvidia.com/gpu", device_id=device_id,
+               **dra)
+
+
+def job_info(i: int, job_id: str, user: str) -> dict[str, str]:
+    return gpu(i, scheduler="slurm", job_id=job_id, user=user)
+
+
+def idle_alert(labels: dict[str, str], holder: str, holder_description: str, value: str) -> dict[str, Any]:
+    i, uuid = labels["gpu"], labels["uuid"]
+    return firing(labels, "warning", f"GPU {i} on gpu-host-1:9636 is held by {holder} and idle",
+                  f"{holder_description} holds GPU {i} ({uuid}) and has kept it under 5 % busy for an hour (now "
+                  f"{value}): its own processes' busy time where the exporter reports it per process, else the whole "
+                  "GPU's.", WASTE_RUNBOOK["idle"])
+
+
+def held_alert(labels: dict[str, str], summary_holder: str, description_holder: str, size: str) -> dict[str, Any]:
+    i, uuid = labels["gpu"], labels["uuid"]
+    return firing(labels, "warning", f"{summary_holder} holds {size}B of GPU {i} on gpu-host-1:9636 and does nothing",
+                  f"{description_holder} has held {size}B (over 10 % of the VRAM) of GPU {i} ({uuid}) with no engine "
+                  "time at all for an hour: memory nobody else can use.", WASTE_RUNBOOK["held"])
+
+
+def samples(name: str, expr_labels: list[tuple[dict[str, str], float]]) -> list[dict[str, Any]]:
+    return [{"labels": series(name, labels), "value": value} for labels, value in expr_labels]
+
+
+def expect(rule: str, values: list[tuple[dict[str, str], float]], at: str = "10m") -> dict[str, Any]:
+    """The rule's exact values at `at`, to 1e-6: promtool 2.42 compares floats exactly, and
+    rate()'s extrapolation leaves the last bit of 0.01 or 1.5 to chance (round() keeps no name)."""
+    return {"expr": f"round({rule}, 0.000001)", "eval_time": at, "exp_samples": samples("", values)}
+
+
+def waste_tests() -> list[dict[str, Any]]:
+    """Busy shares per holder, the idle alert and the GPU-hour rules. Counters grow by N seconds
+    a minute, so N/60 is the busy share. GPU 0 is time-sliced: team-a/train-0's process keeps it
+    50 % busy (sm; its memory engine 10 %: the busiest engine counts), team-b/notebook-1 holds a
+    replica and runs nothing: idle by its own time though the device is 80 % busy. GPU 1
+    (team-c/idle-0 through DRA: extra labels claim and share) and GPU 2 (team-c/busy-0) have no
+    per-process busy series: the device's busy time counts, 1 % and 50 %. GPU 3: Slurm job 4242
+    (alice) whose process does nothing while a host process keeps the device 50 % busy. GPU 4:
+    job 4343 (bob) 40 % busy. GPU 5: job 4444 (carol) on a GPU with only the utilization gauge
+    (2 %)."""
+    job_4242 = gpu(3, pid="4242", process="python", user="alice", job_id="4242")
+    inputs = [
+        ("resmon_gpu_allocation_info", allocation(0, "team-a", "train-0", "trainer", "GPU-00000000::0"), "1x80"),
+        ("resmon_gpu_allocation_info", allocation(0, "team-b", "notebook-1", "lab", "GPU-00000000::1"), "1x80"),
+        ("resmon_gpu_allocation_info", allocation(1, "team-c", "idle-0", "main", "gpu-1", claim="gpu-claim",
+                                                  share="1"), "1x80"),
+        ("resmon_gpu_allocation_info", allocation(2, "team-c", "busy-0", "main", "GPU-00000002"), "1x80"),
+        ("resmon_gpu_job_info", job_info(3, "4242", "alice"), "1x80"),
+        ("resmon_gpu_job_info", job_info(4, "4343", "bob"), "1x80"),
+        ("resmon_gpu_job_info", job_info(5, "4444", "carol"), "1x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(0, engine="gpu"), "0+48x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(1, engine="gpu"), "0+0.6x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(2, engine="gpu"), "0+30x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(2, engine="memory"), "0+6x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(3, engine="gpu"), "0+30x80"),
+        ("resmon_gpu_busy_seconds_total", gpu(4, engine="gpu"), "0+24x80"),
+        ("resmon_gpu_utilization_ratio", gpu(5), "0.02x80"),
+        ("resmon_gpu_process_busy_seconds_total", gpu(0, pid="5151", process="python", user="root", engine="sm", **POD_A),
+         "0+30x80"),
+        ("resmon_gpu_process_busy_seconds_total",
+         gpu(0, pid="5151", process="python", user="root", engine="memory", **POD_A), "0+6x80"),
+        ("resmon_gpu_process_busy_seconds_total", gpu(3, pid="7000", process="render", user="root", engine="sm"),
+         "0+30x80"),
+        ("resmon_gpu_process_busy_seconds_total", {**job_4242, "engine": "sm"}, "0x80"),
+        ("resmon_gpu_process_busy_seconds_total", gpu(4, pid="4343", process="python", user="bob", job_id="4343",
+                                                      engine="sm"), "0+24x80"),
+    ]
+    pods = [(gpu(0, namespace="team-a", pod="train-0"), 0.5), (gpu(0, namespace="team-b", pod="notebook-1"), 0),
+            (gpu(1, namespace="team-c", pod="idle-0"), 0.01), (gpu(2, namespace="team-c", pod="busy-0"), 0.5)]
+    jobs = [(gpu(3, job_id="4242", user="alice"), 0), (gpu(4, job_id="4343", user="bob"), 0.4),
+            (gpu(5, job_id="4444", user="carol"), 0.02)]
+
+
+
+    idle = {
+        "name": "idle allocated GPUs: busy shares, GPU-hours, ResmonGpuAllocatedIdle",
+        "interval": "1m",
+        "input_series": [{"series": series(name, labels), "values": values} for name, labels, values in inputs],
+        "promql_expr_test": [
+            expect("resmon:gpu_busy:ratio_rate5m", [(gpu(0), 0.8), (gpu(1), 0.01), (gpu(2), 0.5), (gpu(3), 0.5),
+                                                     (gpu(4), 0.4), (gpu(5), 0.02)]),
+            expect("resmon:gpu_pod_busy:ratio_rate5m", pods),
+            expect("resmon:gpu_slurm_job_busy:ratio_rate5m", jobs),
+            expect("resmon:gpu_workload_busy:ratio_rate5m", [
+                (gpu(0, pid="5151", process="python", user="root", **POD_A), 0.5),  # sm, not its memory engine
+                (gpu(3, pid="7000", process="render", user="root"), 0.5), (job_4242, 0),
+                (gpu(4, pid="4343", process="python", user="bob", job_id="4343"), 0.4)]),
+            expect("resmon:gpu_pod_idle:bool", [(labels, 1.0 if v < 0.05 else 0.0) for labels, v in pods]),
+            expect("resmon:gpu_slurm_job_idle:bool", [(labels, 1.0 if v < 0.05 else 0.0) for labels, v in jobs]),
+            expect("resmon:namespace:gpu_idle_hours_per_hour",
+                   [({**H1, "namespace": ns}, v) for ns, v in (("team-a", 0), ("team-b", 1), ("team-c", 1))]),
+            expect("resmon:pod:gpu_idle_hours_per_hour",
+                   [({**H1, "namespace": ns, "pod": pod}, v) for ns, pod, v in (
+                       ("team-a", "train-0", 0), ("team-b", "notebook-1", 1), ("team-c", "idle-0", 1),
+                       ("team-c", "busy-0", 0))]),
+            expect("resmon:slurm_job:gpu_idle_hours_per_hour",
+                   [({**H1, "job_id": j, "user": u}, v) for j, u, v in (("4242", "alice", 1), ("4343", "bob", 0),
+                                                                         ("4444", "carol", 1))]),
+            expect("resmon:user:gpu_idle_hours_per_hour",
+                   [({**H1, "user": u}, v) for u, v in (("alice", 1), ("bob", 0), ("carol", 1))]),
+            # GPU 0 is not idle (train-0 keeps it busy though notebook-1 idles on it): GPUs 1, 3 and 5
+            expect("resmon:instance:gpu_idle_hours_per_hour", [(H1, 3)]),
+            expect("resmon:fleet:gpu_idle_hours_per_hour", [({"job": "resmon"}, 3)]),
+            expect("resmon:pod:gpu_used_hours_per_hour",
+                   [({**H1, "namespace": labels["namespace"], "pod": labels["pod"]}, v) for labels, v in pods]),
+            expect("resmon:namespace:gpu_used_hours_per_hour",
+                   [({**H1, "namespace": ns}, v) for ns, v in (("team-a", 0.5), ("team-b", 0), ("team-c", 0.51))]),
+            expect("resmon:slurm_job:gpu_used_hours_per_hour",
+                   [({**H1, "job_id": labels["job_id"], "user": labels["user"]}, v) for labels, v in jobs]),
+            expect("resmon:instance:gpu_used_hours_per_hour", [(H1, 2.23)]),
+            expect("resmon:fleet:gpu_used_hours_per_hour", [({"job": "resmon"}, 2.23)]),
+        ],
+        "alert_rule_test": [
+            check("30m", "ResmonGpuAllocatedIdle"),  # idle since the first minute: pending for 1h
+            check("70m", "ResmonGpuAllocatedIdle",
+                  idle_alert(gpu(0, namespace="team-b", pod="notebook-1"), "pod team-b/notebook-1",
+                             "Pod team-b/notebook-1", "0%"),
+                  idle_alert(gpu(1, namespace="team-c", pod="idle-0"), "pod team-c/idle-0", "Pod team-c/idle-0", "1%"),
+                  idle_alert(gpu(3, job_id="4242", user="alice"), "Slurm job 4242 of alice",
+                             "Slurm job 4242 (user alice)", "0%"),
+                  idle_alert(gpu(5, job_id="4444", user="carol"), "Slurm job 4444 of carol",
+                             "Slurm job 4444 (user carol)", "2%")),
+        ],
+    }
+    # GPU 0 (80 GiB): what holds over 8 GiB with no engine time fires. group-by=process: the pod's
+    # process, a process in a Slurm job; group-by=container: a plain Docker container, a Slurm
+    # job's processes outside containers. Quiet: a busy process, a small idle one (2 GiB), one
+    # without busy series (MIG: no per-process samples), and one that went idle 20 minutes ago.
+    docker_id = "0123456789ab" + "cdef0123" * 6 + "cdef"
+    held_inputs = [
+        (gpu(0, pid="5151", process="python", user="root", **POD_B), 20 * GIB, "0x80"),
+        (gpu(0, pid="9000", process="python", user="alice", job_id="4343"), 16 * GIB, "0x80"),
+        (gpu(0, container_id=docker_id), 10 * GIB, "0x80"),
+        (gpu(0, job_id="4242"), 9 * GIB, "0x80"),
+        (gpu(0, pid="7000", process="train", user="bob"), 30 * GIB, "0+30x80"),
+        (gpu(0, pid="8000", process="tiny", user="bob"), 2 * GIB, "0x80"),
+        (gpu(0, pid="8100", process="late", user="bob"), 12 * GIB, "0+30x50 1500x30"),
+    ]
+    held = {
+        "name": "VRAM held without work: ResmonGpuMemoryHeldIdle",
+        "interval": "1m",
+        "input_series": [{"series": series("resmon_gpu_memory_total_bytes", gpu(0)), "values": f"{80 * GIB}x80"}] + [
+            {"series": series("resmon_gpu_process_memory_used_bytes", labels), "values": f"{size}x80"}
+            for labels, size, _ in held_inputs
+        ] + [
+            {"series": series("resmon_gpu_process_busy_seconds_total", {**labels, "engine": "sm"}), "values": busy}
+            for labels, _, busy in held_inputs
+        ] + [{"series": series("resmon_gpu_process_memory_used_bytes", gpu(0, pid="8200", process="mig", user="bob")),
+              "values": f"{40 * GIB}x80"}],
+        "alert_rule_test": [
+            check("30m", "ResmonGpuMemoryHeldIdle"),
+            check("70m", "ResmonGpuMemoryHeldIdle",
+                  held_alert(held_inputs[0][0], "Pod team-b/notebook-1", "Pod team-b/notebook-1 (container lab)",
+                             "20Gi"),
+                  held_alert(held_inputs[1][0], "Process python (pid 9000)",
+                             "Process python (pid 9000, user alice) in Slurm job 4343", "16Gi"),
+                  held_alert(held_inputs[2][0], "Container 0123456789ab", "Container 0123456789ab", "10Gi"),
+                  held_alert(held_inputs[3][0], "Slurm job 4242",
+                             "Slurm job 4242 (its processes outside containers)", "9Gi")),
+        ],
+    }
+    # kWh per hour from joules per minute: 60 kJ a minute is 1 kW.
+    energy_inputs = [
+        ("resmon_gpu_process_energy_joules_total", gpu(0, pid="5151", process="python", user="root", **POD_A), 60000),
+        ("resmon_gpu_process_energy_joules_total", gpu(1, pid="5152", process="python", user="root", **POD_A), 30000),
+        ("resmon_gpu_process_energy_joules_total", gpu(0, pid="6000", process="python", user="root", **POD_B), 6000),
+        ("resmon_gpu_process_energy_joules_total", gpu(3, pid="4242", process="python", user="alice", job_id="4242"),
+         120000),
+        ("resmon_gpu_process_energy_joules_total", gpu(4, job_id="4343"), 60000),  # group-by=container
+        ("resmon_gpu_energy_joules_total", gpu(0), 90000),
+        ("resmon_gpu_energy_joules_total", gpu(1), 36000),
+        ("resmon_gpu_energy_joules_total", gpu(3), 150000),
+        ("resmon_gpu_energy_joules_total", gpu(4), 60000),
+        ("resmon_gpu_unattributed_energy_joules_total", gpu(0), 24000),
+        ("resmon_gpu_unattributed_energy_joules_total", gpu(1), 6000),
+        ("resmon_gpu_unattributed_energy_joules_total", gpu(3), 30000),
+    ]
+    energy = {
+        "name": "energy per workload in kWh",
+        "interval": "1m",
+        "input_series": [{"series": series(name, labels), "values": f"0+{per_minute}x20"}
+                         for name, labels, per_minute in energy_inputs] + [
+            {"series": series("resmon_gpu_job_info", job_info(3, "4242", "alice")), "values": "1x20"},
+            {"series": series("resmon_gpu_job_info", job_info(4, "4343", "bob")), "values": "1x20"},
+        ],
+        "promql_expr_test": [
+            expect("resmon:pod:gpu_energy_kwh_per_hour", [({**H1, "namespace": "team-a", "pod": "train-0"}, 1.5),
+                                                          ({**H1, "namespace": "team-b", "pod": "notebook-1"}, 0.1)]),
+            expect("resmon:namespace:gpu_energy_kwh_per_hour", [({**H1, "namespace": "team-a"}, 1.5),
+                                                                ({**H1, "namespace": "team-b"}, 0.1)]),
+            expect("resmon:slurm_job:gpu_energy_kwh_per_hour", [({**H1, "job_id": "4242", "user": "alice"}, 2),
+                                                                ({**H1, "job_id": "4343", "user": "bob"}, 1)]),
+            expect("resmon:user:gpu_energy_kwh_per_hour", [({**H1, "user": "alice"}, 2), ({**H1, "user": "bob"}, 1)]),
+            expect("resmon:instance:gpu_energy_kwh_per_hour", [(H1, 5.6)]),
+            expect("resmon:instance:gpu_unattributed_energy_kwh_per_hour", [(H1, 1)]),
+            expect("resmon:fleet:gpu_energy_kwh_per_hour", [({"job": "resmon"}, 5.6)]),
+        ],
+    }
+    return [idle, held, energy]
+
+
+def document(rules: str = "resmon.rules.yml") -> str:
+    """The promtool test file of ../rules/<rules>."""
+    doc = {"rule_files": [f"../rules/{rules}"], "evaluation_interval": "1m", "tests": TESTS[rules]()}
     header = ("# Generated by generate.py, whose expected annotations are literal (not read from\n"
-              "# ../rules/resmon.rules.yml): edit that script, then re-run it.\n")
+              f"# ../rules/{rules}): edit that script, then re-run it.\n")
     return header + yaml.safe_dump(doc, sort_keys=False, width=200)
 
 
+# rules file -> its tests; each is written to <rules minus .yml>.test.yml
+TESTS = {"resmon.rules.yml": tests, "resmon.waste.rules.yml": waste_tests}
+
+
+def test_file(rules: str) -> str:
+    return rules.removesuffix(".yml") + ".test.yml"
+
+
 if __name__ == "__main__":
-    (HERE / "resmon.rules.test.yml").write_text(document())
-    print("wrote prometheus/tests/resmon.rules.test.yml")
+    for rules in TESTS:
+        (HERE / test_file(rules)).write_text(document(rules))
+        print(f"wrote prometheus/tests/{test_file(rules)}")
