@@ -32,8 +32,9 @@ FAMILIES: dict[str, str] = {
     "resmon_gpu_process_energy_joules_total": "counter",
     "resmon_gpu_unattributed_energy_joules_total": "counter",
 }
-# no process on a GPU is itself an answer: the families are declared, without samples
-DECLARED_WHEN_EMPTY = frozenset(FAMILIES)
+# no process on a GPU is itself an answer: the families are declared, without samples (by
+# the metric family's own name: a counter's without _total)
+DECLARED_WHEN_EMPTY = frozenset(name.removesuffix("_total") for name in FAMILIES)
 
 _Row = tuple[dict[str, str], int | None, dict[str, float]]  # labels, memory bytes, engine -> ratio
 

@@ -111,6 +111,7 @@ class NvmlBackend(NvmlSession, DeviceRegistry, GpuRead):
         self._count = -1
         self._busy.reset()  # the driver's sample clock may have restarted
         self._process_seen.clear()
+        self._process_busy.restart()  # counters go on; the old clock's timestamps are no start
         self._health.forget()
         self._hints.forget()
         self._cadence.force_all()  # a new init (a driver reload, a reset GPU): every slow part again

@@ -25,6 +25,7 @@ from . import errors as nvml_errors
 from . import fields as nvml_fields
 from . import sized
 from .busy import BusyIntegrator, SampleStamps
+from .process_busy import ProcessBusy
 from .errors import DeviceDown, Fallback as _Fallback, Missing
 from .health import SLOW_RECHECK, HealthReader
 from .mig import MigLayout, MigReader
@@ -106,6 +107,7 @@ class GpuRead:
         self._samples_missing = optional("nvmlDeviceGetSamples") is None
         self._process_util = optional("nvmlDeviceGetProcessUtilization")
         self._process_seen = SampleStamps()  # device key -> newest process sample timestamp (µs)
+        self._process_busy = ProcessBusy()  # the same samples integrated: busy seconds per process
         self._mig = MigReader()
         self._busy = BusyIntegrator()
         self._health = HealthReader(self._log)  # also the "not supported on this board" memo
@@ -441,20 +443,25 @@ class GpuRead:
             clock = time.perf_counter()
             ratios = self._process_utilization(key, handle, set(memory)) if "process_utilization" in self._wanted else None
             out["process_list"] = tuple(
-                GpuProcess(pid, used, ratios.get(pid, ()) if ratios is not None else ()) for pid, used in sorted(memory.items())
+                GpuProcess(pid, used, *(ratios.get(pid, ((), ())) if ratios is not None else ((), ())))
+                for pid, used in sorted(memory.items())
             )
             self._spent("processes", time.perf_counter() - clock)
         return out
 
-    def _process_utilization(self, key: str, handle: Any, pids: set[int]) -> dict[int, tuple[tuple[str, float], ...]] | None:
+    def _process_utilization(
+        self, key: str, handle: Any, pids: set[int]
+    ) -> dict[int, tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]] | None:
         """Each listed process's mean utilization per engine over the driver's samples since
-        the previous refresh (a listed process without new samples was idle: 0). None where
-        the GPU does not report it (MIG on). The newest timestamp is passed back, so a sample
-        is counted once; samples of processes no longer listed are dropped."""
+        the previous refresh (a listed process without new samples was idle: 0), and its busy
+        seconds per engine, those samples integrated (process_busy.py). None where the GPU
+        does not report it (MIG on). The newest timestamp is passed back, so a sample is
+        counted once; samples of processes no longer listed are dropped."""
         query = self._process_util  # once: another GPU's worker may set it to None meanwhile
         if query is None:
             return None
         if not pids:
+            self._process_busy.add(key, (), ())  # the processes that were listed ended
             return {}
         # 0 (the whole buffer) now and then without new samples: a clock stepped back (SampleStamps)
         asked = self._process_seen.last_seen(key)
@@ -467,6 +474,7 @@ class GpuRead:
             return None
         seen = self._process_seen.take(key, [int(sample.timeStamp) for sample in answer])
         sums: dict[int, list[float]] = {}
+        new: list[tuple[int, int, list[float]]] = []
         for sample in answer:
             stamp, pid = int(sample.timeStamp), int(sample.pid)
             if stamp <= seen:
@@ -474,15 +482,18 @@ class GpuRead:
             if pid not in pids:  # exited since, or a stale entry of the driver's buffer
                 continue
             acc = sums.setdefault(pid, [0.0] * (len(PROCESS_ENGINES) + 1))
-            for i, (_, attr) in enumerate(PROCESS_ENGINES):
-                acc[i] += min(max(float(getattr(sample, attr)), 0.0), 100.0)  # >100 seen (nvtop #110)
+            values = [min(max(float(getattr(sample, attr)), 0.0), 100.0) for _, attr in PROCESS_ENGINES]  # >100 seen (nvtop #110)
+            for i, value in enumerate(values):
+                acc[i] += value
             acc[-1] += 1
+            new.append((stamp, pid, values))
+        busy = self._process_busy.add(key, new, pids)
         out = {}
         for pid in pids:
             acc = sums.get(pid)
-            out[pid] = tuple(
+            out[pid] = (tuple(
                 (engine, (acc[i] / acc[-1] / 100.0) if acc else 0.0) for i, (engine, _) in enumerate(PROCESS_ENGINES)
-            )
+            ), busy[pid])
         return out
 
     def _read_mig_layout(self, key: str, handle: Any) -> MigLayout | None:

@@ -94,6 +94,7 @@ class DeviceRegistry:
             self._complete.discard(key)
         self._busy.forget(key)
         self._process_seen.forget(key)
+        self._process_busy.forget(key)
         self._hints.forget(key)
         self._cadence.forget(key)
         self._slow_parts.pop(key, None)

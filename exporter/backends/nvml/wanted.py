@@ -30,7 +30,11 @@ READS: dict[str, tuple[str, ...]] = {
     "throttle": ("resmon_gpu_throttle_active",),
     "power": ("resmon_gpu_power_watts",),
     "power_limit": ("resmon_gpu_power_limit_watts",),
-    "energy": ("resmon_gpu_energy_joules_total",),
+    # the workloads' energy is the device's split (exporter/accounting.py)
+    "energy": (
+        "resmon_gpu_energy_joules_total", "resmon_gpu_process_energy_joules_total",
+        "resmon_gpu_unattributed_energy_joules_total",
+    ),
     "temperature": ("resmon_gpu_temperature_celsius",),
     "memory_temperature": ("resmon_gpu_memory_temperature_celsius",),
     "busy": ("resmon_gpu_busy_seconds_total",),
@@ -51,8 +55,14 @@ READS: dict[str, tuple[str, ...]] = {
     "nvlink_bytes": ("resmon_gpu_nvlink_bytes_total",),
     "nvlink_errors": ("resmon_gpu_nvlink_errors_total",),
     "xid": ("resmon_gpu_xid_errors_total", "resmon_gpu_xid_last_timestamp_seconds"),
-    "process_memory": ("resmon_gpu_process_memory_used_bytes", "resmon_gpu_job_info"),
-    "process_utilization": ("resmon_gpu_process_utilization_ratio",),
+    "process_memory": (
+        "resmon_gpu_process_memory_used_bytes", "resmon_gpu_job_info", "resmon_gpu_unattributed_energy_joules_total",
+    ),
+    # the same samples, integrated: busy seconds, and the energy shares taken from them
+    "process_utilization": (
+        "resmon_gpu_process_utilization_ratio", "resmon_gpu_process_busy_seconds_total",
+        "resmon_gpu_process_energy_joules_total",
+    ),
     "allocations": ("resmon_gpu_allocation_info",),
 }
 # the collectors' reads: a collector none of whose reads is wanted is not run
