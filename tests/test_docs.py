@@ -12,7 +12,7 @@ from pathlib import Path
 
 from resmon_exporter.cli import FLAGS
 from resmon_exporter.collectors.registry import FAMILIES
-from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
+from fake_kubelet import Claim, Container, Device, DraDevice, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, REPO
 from scenarios import board_uuid, health_machine, profiling_machine
 from workloads import procfs_tree
@@ -52,7 +52,9 @@ def test_docs_match_a_full_scrape(run_exporter, scenario, workloads, tmp_path):
     scenario.write({**health_machine(), "gpu.0.processes": f"{os.getpid()}:{GIB}", "gpu.1.processes": f"{job}:{GIB}"})
     directory = short_socket_dir()
     kubelet = FakeKubelet(os.path.join(directory, "kubelet.sock"))
-    kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])])]
+    kubelet.pods = [Pod("ml", "train-0", [Container("trainer", [Device("nvidia.com/gpu", [board_uuid("hopper", 0)])])]),
+                    # a DRA claim: resmon_kubernetes_unresolved_devices is served for each DRA driver named
+                    Pod("ml", "dra-0", [Container("c", [], claims=[Claim("gpu", [DraDevice("gpu.nvidia.com", "gpu-1")])])])]
     kubelet.start()
     try:
         served, s = _full_scrape(run_exporter, scenario, kubelet.socket_path, proc)

@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from fake_kubelet import Container, Device, Pod
+from fake_kubelet import Claim, Container, Device, DraDevice, Pod
 from fakenvml import GIB, Scrape
 from scenarios import board_uuid
 from workloads import CID, CID2, CID3, UID, UID2, container_logs, pod_logs, procfs_tree, systemd_containerd
@@ -247,3 +247,137 @@ def test_allocation_series_are_capped_per_gpu_like_processes(run_exporter, scena
                                        "--collector.processes.max-per-gpu=3"))
     got = sorted((gpu, name) for gpu, _, _, name, *_ in allocations(s))
     assert got == [("0", "p00"), ("0", "p01"), ("0", "p02"), ("1", "other")], got
+
+
+# -- Dynamic Resource Allocation (issue 38) ---------------------------------------------------------
+
+UNRESOLVED = "resmon_kubernetes_unresolved_devices"
+G2 = board_uuid("hopper", 2)
+MIG_C = "MIG-0a1b2c3d-0000-4000-8000-00000000000c"
+SLOT_GIB = 10 * GIB
+
+
+def dra_machine(**extra: object) -> dict[str, object]:
+    """Three GPUs whose /dev/nvidiaN minors are not their indices (2, 0, 1); GPU 1 in MIG mode
+    with a 1g.10gb (GI profile 19 at placement 6) and a 3g.40gb (profile 9 at 0)."""
+    return {**two_gpus(), "count": 3, "gpu.2.uuid": G2, "gpu.2.pci_bus_id": "00000000:0B:00.0",
+            "gpu.0.minor": 2, "gpu.1.minor": 0, "gpu.2.minor": 1,
+            "gpu.1.mig_devices": f"1:0:1g.10gb:{MIG_A}:{SLOT_GIB}:0:19:6,2:0:3g.40gb:{MIG_B}:{4 * SLOT_GIB}:0:9:0:4",
+            **extra}
+
+
+def dra_pod(name: str, claim: str, *devices: DraDevice, namespace: str = "ml") -> Pod:
+    return Pod(namespace, name, [Container("main", [], claims=[Claim(claim, list(devices))])])
+
+
+def dra_rows(s) -> set[tuple[str, ...]]:
+    return {(l["gpu"], l["uuid"], l["pod"], l["resource"], l["device_id"], l["claim"], l["share"])
+            for l, _ in s.series(INFO)}
+
+
+def unresolved(s) -> dict[str, float]:
+    return {l["resource"]: v for l, v in s.series(UNRESOLVED)}
+
+
+def test_dra_devices_of_a_1_34_kubelet_resolve_on_the_node(run_exporter, scenario, kubelet):
+    """Full GPUs by minor (not index), static and dynamic MIG by GPU instance placement, a shared
+    device, AMD and Intel names on an NVIDIA node, an unknown driver, a device of another node
+    and a node in transition (device plugin and DRA side by side)."""
+    scenario.write(dra_machine())
+    nvidia = "gpu.nvidia.com"
+    kubelet.pods = [
+        dra_pod("full-a", "one-gpu", DraDevice(nvidia, "gpu-0")),  # minor 0: GPU 1
+        dra_pod("full-b", "one-gpu", DraDevice(nvidia, "gpu-2")),  # minor 2: GPU 0
+        dra_pod("mig", "small", DraDevice(nvidia, "gpu-0-mig-1g10gb-19-6")),
+        dra_pod("share-a", "shared-a", DraDevice(nvidia, "gpu-1", share_id="5c1d7e0a")),
+        dra_pod("share-b", "shared-b", DraDevice(nvidia, "gpu-1", share_id="9e4f2b11")),
+        dra_pod("amd", "rocm", DraDevice("gpu.amd.com", "gpu-1-129")),
+        dra_pod("intel", "xe", DraDevice("gpu.intel.com", "0000-0a-00-0-0x56c0")),
+        dra_pod("nic", "net", DraDevice("nic.example.com", "eth-0")),
+        dra_pod("elsewhere", "remote", DraDevice(nvidia, "gpu-7", pool="node-2")),  # no minor 7 here
+        Pod("ml", "mixed", [Container("main", [Device("nvidia.com/gpu", [G2])],
+                                      claims=[Claim("more", [DraDevice(nvidia, "gpu-0-mig-3g40gb-9-0")])])]),
+        dra_pod("dynamic", "later", DraDevice(nvidia, "gpu-0-mig-1g10gb-19-5")),  # not created yet
+    ]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}", "--kubernetes.cache-ttl=0",
+                            "--collect.cache-ttl=0", "--collect.slow-interval=0")
+    want = {
+        ("1", G1, "full-a", nvidia, "gpu-0", "one-gpu", ""),
+        ("0", G0, "full-b", nvidia, "gpu-2", "one-gpu", ""),
+        ("1", G1, "mig", nvidia, "gpu-0-mig-1g10gb-19-6", "small", ""),
+        ("2", G2, "share-a", nvidia, "gpu-1", "shared-a", "5c1d7e0a"),
+        ("2", G2, "share-b", nvidia, "gpu-1", "shared-b", "9e4f2b11"),
+        ("2", G2, "mixed", "nvidia.com/gpu", G2, "", ""),
+        ("1", G1, "mixed", nvidia, "gpu-0-mig-3g40gb-9-0", "more", ""),
+    }
+    s = exporter.wait_for(lambda s: dra_rows(s) == want, timeout=30)
+    assert unresolved(s) == {nvidia: 2, "gpu.amd.com": 1, "gpu.intel.com": 1, "nic.example.com": 1}
+    # the MIG device the driver creates for the pod after the exporter started: resolved at the
+    # next MIG layout read, to its parent
+    scenario.update(**{"gpu.1.mig_devices": dra_machine()["gpu.1.mig_devices"]
+                       + f",3:0:1g.10gb:{MIG_C}:{SLOT_GIB}:0:19:5"})
+    s = exporter.wait_for(lambda s: ("1", G1, "dynamic", nvidia, "gpu-0-mig-1g10gb-19-5", "later", "") in dra_rows(s),
+                          timeout=30)
+    assert dra_rows(s) - want == {("1", G1, "dynamic", nvidia, "gpu-0-mig-1g10gb-19-5", "later", "")}
+    assert unresolved(s) == {nvidia: 1, "gpu.amd.com": 1, "gpu.intel.com": 1, "nic.example.com": 1}
+    # one warning per unresolved device, however many refreshes saw it
+    warned = [line for line in exporter.stderr_lines if "resolves to no GPU of this host" in line]
+    for device in ("gpu-7", "gpu-1-129", "0000-0a-00-0-0x56c0", "eth-0"):
+        assert sum(device in line for line in warned) == 1, (device, warned)
+    assert sum("gpu-0-mig-1g10gb-19-5" in line for line in warned) == 1
+
+
+def test_dra_names_of_amds_driver_resolve_by_card(tmp_path, kubelet):
+    """gpu.amd.com names gpu-<card>-<renderD>: the standard tree's RX 7900 is card1, the MI300X
+    card12 (its compute partition card13 is part of that PCI card, which the DRA driver
+    publishes as a partition device of its own: not guessed onto the parent)."""
+    from fake_sysfs import standard
+    from fakenvml import sysfs_exporters
+
+    tree = standard(tmp_path / "sys")
+    kubelet.pods = [
+        dra_pod("rx", "a", DraDevice("gpu.amd.com", "gpu-1-129")),
+        dra_pod("mi", "b", DraDevice("gpu.amd.com", "gpu-12-140")),
+        dra_pod("part", "c", DraDevice("gpu.amd.com", "gpu-13-141")),
+        dra_pod("nv", "d", DraDevice("gpu.nvidia.com", "gpu-1")),  # no NVIDIA GPU on this node
+    ]
+    kubelet.start()
+    exporters = sysfs_exporters(tmp_path)
+    try:
+        exporter = next(exporters)("--gpu.backend=amdgpu", f"--kubernetes.pod-resources-socket={kubelet.socket_path}",
+                               root=tree.root)
+        s = exporter.wait_for(lambda s: len(s.series(INFO)) == 2 and len(s.series(UNRESOLVED)) == 2, timeout=30)
+        assert {(l["gpu"], l["pod"], l["device_id"]) for l, _ in s.series(INFO)} == {("0", "rx", "gpu-1-129"),
+                                                                                    ("1", "mi", "gpu-12-140")}
+        assert unresolved(s) == {"gpu.amd.com": 1, "gpu.nvidia.com": 1}
+    finally:
+        next(exporters, None)  # past its yield: stops the exporters it started
+
+
+def test_dra_names_of_intels_driver_resolve_by_pci_address(tmp_path, kubelet):
+    """gpu.intel.com names a GPU by its UID, the PCI address and device id (the driver's default
+    "machine" naming): the Arc A770 at 0000:03:00.0, the Max 1550 at 0000:3a:00.0."""
+    from fake_intel import intel_host
+    from fake_sysfs import FakeSysfs
+    from fakenvml import sysfs_exporters
+
+    tree = FakeSysfs(tmp_path / "sys")
+    intel_host(tree)
+    kubelet.pods = [
+        dra_pod("arc", "a", DraDevice("gpu.intel.com", "0000-03-00-0-0x56a0")),
+        dra_pod("max", "b", DraDevice("gpu.intel.com", "0000-3a-00-0-0x0bd5"), DraDevice("gpu.intel.com", "card1")),
+        dra_pod("gone", "c", DraDevice("gpu.intel.com", "0000-99-00-0-0x56a0")),  # not on this host
+    ]
+    kubelet.start()
+    exporters = sysfs_exporters(tmp_path)
+    try:
+        exporter = next(exporters)("--gpu.backend=intel", f"--kubernetes.pod-resources-socket={kubelet.socket_path}",
+                                   root=tree.root)
+        s = exporter.wait_for(lambda s: len(s.series(INFO)) == 2 and s.has(UNRESOLVED), timeout=30)
+        assert {(l["pod"], l["resource"], l["device_id"]) for l, _ in s.series(INFO)} == {
+            ("arc", "gpu.intel.com", "0000-03-00-0-0x56a0"), ("max", "gpu.intel.com", "0000-3a-00-0-0x0bd5")}
+        assert {l["pod"]: l["uuid"] for l, _ in s.series(INFO)} == {"arc": "0000:03:00.0", "max": "0000:3a:00.0"}
+        assert unresolved(s) == {"gpu.intel.com": 2}  # another naming style (card1) is not guessed either
+    finally:
+        next(exporters, None)

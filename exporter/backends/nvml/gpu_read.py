@@ -521,6 +521,7 @@ class GpuRead:
         out: dict[str, Any] = {}
         if self._options.mig_devices:
             out["mig_uuids"] = layout.uuids
+            out["mig_slots"] = layout.slots  # the same devices by GPU instance placement (DRA names)
         if not self._options.mig:
             return out
         clock = time.perf_counter()

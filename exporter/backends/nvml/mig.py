@@ -8,6 +8,13 @@ INVALID_ARGUMENT mean an empty slot. Memory belongs to the GPU instance and is r
 per instance (from its first compute instance); GPM values per GPU instance come from
 nvmlGpmMigSampleGet on the parent, their samples tagged with the instance's members so a
 recreated instance is never diffed against its predecessor.
+
+Each GPU instance's profile id and placement start (nvmlDeviceGetGpuInstanceById, then
+nvmlGpuInstanceGetInfo) are read with the layout: NVIDIA's DRA driver names a MIG device by
+them (gpu-<minor>-mig-<profile>-<profile id>-<start>), so the kubernetes collector resolves a
+DRA claim to the live MIG device, also one created after the exporter started (the next
+layout read, at once when a handle stops answering). A GPU instance that does not answer
+them gives no slot: its DRA names stay unresolved, never guessed.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from typing import Any, Callable
 
 import pynvml
 
-from ...samples import MigDevice, MigInstance, MigState
+from ...samples import MigDevice, MigInstance, MigSlot, MigState
 from . import errors as nvml_errors
 from .errors import LOST_CODES, DeviceDown, Fallback
 from .gpm import GpmReader
@@ -49,6 +56,7 @@ class MigLayout:
     devices: tuple[MigDevice, ...] = ()
     first: tuple[tuple[int, Any], ...] = ()
     members: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    slots: tuple[MigSlot, ...] = ()  # by GPU instance placement (DRA names)
 
 
 class MigReader:
@@ -58,6 +66,8 @@ class MigReader:
         self._handle = Fallback(_optional("nvmlDeviceGetMigDeviceHandleByIndex"))
         self._gi = Fallback(_optional("nvmlDeviceGetGpuInstanceId"))
         self._ci = Fallback(_optional("nvmlDeviceGetComputeInstanceId"))
+        self._gi_by_id = _optional("nvmlDeviceGetGpuInstanceById")
+        self._gi_info = _optional("nvmlGpuInstanceGetInfo")
 
     def mode(self, key: str, handle: Any, ask: Ask) -> tuple[int | None, int | None] | None:
         """(current, pending), or None on a GPU without MIG."""
@@ -116,7 +126,26 @@ class MigReader:
             devices=tuple(devices),
             first=tuple(sorted(first.items(), key=lambda item: item[0])),
             members={gi: tuple(sorted(m)) for gi, m in members.items()},
+            slots=self._slots(handle, devices),
         )
+
+    def _slots(self, handle: Any, devices: list[MigDevice]) -> tuple[MigSlot, ...]:
+        """Each MIG device with its GPU instance's profile id and placement start; a GPU
+        instance that does not answer (an older driver, destroyed meanwhile) is left out."""
+        if self._gi_by_id is None or self._gi_info is None:
+            return ()
+        placements: dict[int, tuple[int, int] | None] = {}
+        out = []
+        for d in devices:
+            gi = d.gpu_instance_id
+            if gi not in placements:
+                instance = nvml_errors.field(self._gi_by_id, handle, gi)
+                info = nvml_errors.field(self._gi_info, instance) if instance is not None else None
+                placements[gi] = (int(info.profileId), int(info.placement.start)) if info is not None else None
+            where = placements[gi]
+            if where is not None:
+                out.append(MigSlot(uuid=d.uuid, profile=d.profile, gi_profile_id=where[0], placement_start=where[1]))
+        return tuple(out)
 
     def state(
         self, key: str, handle: Any, ask: Ask, fail: Callable[[], None], gpm: GpmReader | None,

@@ -255,5 +255,8 @@ class DeviceRegistry:
             if hertz is not None:  # None: not supported (or no such call), which is an answer
                 known[clock] = hertz
         clocks = tuple((clock, known[clock]) for clock in CLOCK_TYPES if clock in known)
-        identity = GpuIdentity(index=index, uuid=uuid, name=name, pci_bus_id=pci, clock_max_hertz=clocks)
+        # the /dev/nvidiaN minor: NVIDIA's DRA driver names a GPU gpu-<minor> (kubernetes attribution)
+        minor = old.minor if old is not None and old.minor is not None else nvml_errors.field(pynvml.nvmlDeviceGetMinorNumber, handle)
+        identity = GpuIdentity(index=index, uuid=uuid, name=name, pci_bus_id=pci, clock_max_hertz=clocks,
+                               minor=int(minor) if minor is not None else None)
         return identity, bool(name and pci and settled)
