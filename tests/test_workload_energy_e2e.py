@@ -128,3 +128,36 @@ def test_python_api_busy_seconds_and_energy(fake_libs, scenario, workloads):
     assert now[trainer]["busy_seconds"]["memory"] == pytest.approx(20.0)
     assert now[infer]["busy_seconds"]["sm"] == pytest.approx(25.0)
     assert now[trainer]["energy_joules"] == pytest.approx(600.0) and now[infer]["energy_joules"] == pytest.approx(300.0)
+
+
+def test_intel_process_busy_seconds_from_fdinfo_and_the_energy_split_adds_up(tmp_path: Path):
+    from fake_fdinfo import FakeProc, i915_client
+    from fake_intel import intel_host
+    from fake_sysfs import FakeSysfs
+    from fakenvml import sysfs_exporters
+
+    tree = FakeSysfs(tmp_path / "sys")
+    _, arc, _ = intel_host(tree)  # Meteor Lake, A770 (card energy 123456789000 µJ), Max 1550
+    proc = FakeProc(tmp_path / "proc")
+    pid, labels = 4242, {"gpu": "1", "uuid": arc.pci}
+    proc.add_process(pid, "trainer")
+    proc.add_drm_fd(pid, 5, i915_client(arc.pci, 11, render_ns=7_000_000_000, local0_bytes=1 << 30), node="renderD129")
+    starts = sysfs_exporters(tmp_path)
+    start = next(starts)
+    try:
+        exporter = start("--gpu.backend=intel", f"--path.procfs={proc.root}", "--collector.processes",
+                         "--collect.cache-ttl=0", root=tree.root)
+        # first scan: the client's 7 s before the exporter are not the process's; then from 0
+        s = exporter.wait_for(lambda s: s.has(BUSY, pid=str(pid), engine="render"))
+        assert s.value(BUSY, pid=str(pid), engine="render") == 0.0
+        before_rest, before_mine = s.value(REST, **labels), s.value(ENERGY, pid=str(pid))
+        # 1 ms of render (less than any time between two scans: never held back) and 50 J
+        proc.set_fdinfo(pid, 5, i915_client(arc.pci, 11, render_ns=7_001_000_000, local0_bytes=1 << 30))
+        tree.set(arc.pci, "hwmon:energy1_input", str(123456789000 + 50_000_000))
+        s = exporter.wait_for(lambda s: s.value(GPU, **labels) == pytest.approx(123506.789))
+        assert s.value(BUSY, pid=str(pid), engine="render") == pytest.approx(0.001)
+        mine = s.value(ENERGY, pid=str(pid)) - before_mine
+        rest = s.value(REST, **labels) - before_rest
+        assert 0 < mine <= 50.0 and mine + rest == pytest.approx(50.0)
+    finally:
+        next(starts, None)  # stops the exporters
