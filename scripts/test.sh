@@ -121,9 +121,12 @@ done
 cpus=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
 workers=${RESMON_TEST_WORKERS:-$((2 * cpus))}
 case "$workers" in '' | *[!0-9]*) die "RESMON_TEST_WORKERS must be a number of workers, not '$workers'" ;; esac
-# -n 0: no workers, the tests run in pytest's own process (what RESMON_TEST_WORKERS=0 asks)
-xdist=(-p xdist -n "$workers")
-fast_xdist=(-p xdist -n "$(((workers + 1) / 2))")
+# -n 0: no workers, the tests run in pytest's own process (what RESMON_TEST_WORKERS=0 asks).
+# --dist loadfile: each file on one worker, its tests in order: a module's fixture (a
+# Prometheus stack, a fleet of exporters) is started once, and test_fleet.py's last test checks
+# what the ones before it left
+xdist=(-p xdist -n "$workers" --dist loadfile)
+fast_xdist=(-p xdist -n "$(((workers + 1) / 2))" --dist loadfile)
 [ "$workers" = 0 ] && fast_xdist=(-p xdist -n 0)
 
 # fast_stage VERSION PYTHON [PYTEST ARGS...]: .venv-VERSION installed, then its fast tests
