@@ -381,3 +381,17 @@ def test_dra_names_of_intels_driver_resolve_by_pci_address(tmp_path, kubelet):
         assert unresolved(s) == {"gpu.intel.com": 2}  # another naming style (card1) is not guessed either
     finally:
         next(exporters, None)
+
+
+def test_the_unresolved_count_alone_still_reads_the_mig_slots(run_exporter, scenario, kubelet):
+    """--metrics.exclude of resmon_gpu_allocation_info leaves the MIG layout read for the
+    unresolved gauge: a MIG device that resolves is not counted as unresolved."""
+    scenario.write(dra_machine())
+    kubelet.pods = [dra_pod("mig", "small", DraDevice("gpu.nvidia.com", "gpu-0-mig-1g10gb-19-6")),
+                    dra_pod("gone", "x", DraDevice("gpu.nvidia.com", "gpu-9"))]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}",
+                            "--metrics.exclude=resmon_gpu_allocation_info")
+    s = exporter.wait_for(lambda s: s.has(UNRESOLVED), timeout=30)
+    assert INFO not in s.families
+    assert unresolved(s) == {"gpu.nvidia.com": 1}  # gpu-9 only

@@ -63,7 +63,7 @@ READS: dict[str, tuple[str, ...]] = {
         "resmon_gpu_process_utilization_ratio", "resmon_gpu_process_busy_seconds_total",
         "resmon_gpu_process_energy_joules_total",
     ),
-    "allocations": ("resmon_gpu_allocation_info",),
+    "allocations": ("resmon_gpu_allocation_info", "resmon_kubernetes_unresolved_devices"),  # MIG UUIDs and slots
 }
 # the collectors' reads: a collector none of whose reads is wanted is not run
 HEALTH_READS = ("ecc", "retired", "remapped", "recovery")
