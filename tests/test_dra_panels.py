@@ -1,12 +1,17 @@
-"""The dashboards' allocation panels with DRA rows (issue 38), evaluated by Prometheus's own
-engine (promtool test rules, as tests/test_stack.py does for device-plugin rows): the two new
-labels, claim and share, ride along on every row and break no join."""
+"""The dashboards' allocation panels with DRA rows (issue 38): evaluated by Prometheus's own
+engine (promtool test rules, as tests/test_stack.py does for device-plugin rows), and served by
+a real Prometheus scraping the exporter, which reads a fake kubelet's dynamic_resources. The
+two new labels, claim and share, ride along on every row and break no join."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+from fake_kubelet import Claim, Container, Device, DraDevice, Pod
 from fakenvml import GIB
+from promstack import PromApi, need, start_listening, stop_all, wait_until
+from scenarios import board_uuid
 from test_stack import panel_exprs, promtool_instant
 
 
@@ -50,3 +55,43 @@ def test_allocation_panels_with_dra_rows(tmp_path: Path) -> None:
         (fleet["B"], [(pod("a"), 0.5), (pod("b"), 0.25), (pod("c"), 0.125)]),
         (fleet["C"], [(pod("a"), 1), (pod("b"), 1), (pod("c"), 1), (pod("d"), 1)]),
     ])
+
+
+def test_a_real_prometheus_serves_the_allocation_panels_with_dra_rows(run_exporter, scenario, kubelet, tmp_path):
+    """The exporter on the fake NVML (minors unlike indices) and a fake 1.34 kubelet, scraped by
+    Prometheus: the node panel's allocation and device-VRAM queries and the fleet panel's GPU
+    count return the DRA rows, with claim and share, beside a device plugin's row."""
+    g0, g1 = board_uuid("hopper", 0), board_uuid("hopper", 1)
+    scenario.write({"count": 2, "gpu.0.uuid": g0, "gpu.1.uuid": g1, "gpu.0.minor": 1, "gpu.1.minor": 0,
+                    "gpu.0.memory_used": 7 * GIB, "gpu.1.memory_used": 3 * GIB})
+    kubelet.pods = [
+        Pod("ml", "a", [Container("main", [], claims=[Claim("train", [DraDevice("gpu.nvidia.com", "gpu-1")])])]),
+        Pod("ml", "b", [Container("main", [], claims=[Claim("infer-b", [DraDevice("gpu.nvidia.com", "gpu-0", share_id="s-b")])])]),
+        Pod("ml", "c", [Container("main", [], claims=[Claim("infer-c", [DraDevice("gpu.nvidia.com", "gpu-0", share_id="s-c")])])]),
+        Pod("ml", "d", [Container("main", [Device("nvidia.com/gpu", [g1])])]),
+    ]
+    kubelet.start()
+    exporter = run_exporter(f"--kubernetes.pod-resources-socket={kubelet.socket_path}")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [{"job_name": "resmon", "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}]}],
+    }))
+    proc, port = start_listening([need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                                  f"--storage.tsdb.path={tmp_path / 'tsdb'}"], tmp_path / "prometheus.log")
+    try:
+        prom = PromApi(port)
+        node = panel_exprs("resmon-node.json", "GPU allocations by pod")
+        fleet = panel_exprs("resmon-fleet.json", "Pods by VRAM")
+
+        def rows(expr: str) -> set[tuple[str, ...]]:
+            return {(m["pod"], m.get("gpu", ""), m.get("resource", ""), m.get("device_id", ""), m.get("claim", ""),
+                     m.get("share", ""), r["value"][1]) for r in prom.query(expr) for m in [r["metric"]]}
+
+        want = {("a", "0", "gpu.nvidia.com", "gpu-1", "train", ""), ("b", "1", "gpu.nvidia.com", "gpu-0", "infer-b", "s-b"),
+                ("c", "1", "gpu.nvidia.com", "gpu-0", "infer-c", "s-c"), ("d", "1", "nvidia.com/gpu", g1, "", "")}
+        wait_until("the DRA rows in Prometheus", lambda: {r[:6] for r in rows(node["A"])} == want, 60)
+        device_vram = {r[0]: float(r[6]) for r in rows(node["C"])}
+        assert device_vram == {"a": 7 * GIB, "b": 3 * GIB, "c": 3 * GIB, "d": 3 * GIB}
+        assert {r[0]: r[6] for r in rows(fleet["C"])} == {"a": "1", "b": "1", "c": "1", "d": "1"}
+    finally:
+        stop_all([proc])
