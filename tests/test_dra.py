@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from resmon_exporter.attribution import join
 from resmon_exporter.attribution.deviceids import HostGpus
@@ -65,6 +67,28 @@ def test_dra_device_names_of_the_drivers(driver: str, device: str, expected: Dra
 def test_names_that_are_not_understood(driver: str, device: str) -> None:
     assert parse_dra_device(driver, device) is None
     assert not HostGpus().names_dra(driver, device)
+
+
+PROFILES = ("1g.10gb", "1g.12gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.24gb", "4g.95gb")
+
+
+@given(minor=st.integers(0, 255), profile=st.sampled_from(PROFILES), gi_profile=st.integers(0, 63),
+       start=st.integers(0, 15))
+def test_mig_names_as_the_driver_formats_them_parse_back(minor: int, profile: str, gi_profile: int, start: int) -> None:
+    """The driver's fmt.Sprintf("gpu-%d-mig-%s-%d-%d", minor, profile without dots, id, start)."""
+    name = f"gpu-{minor}-mig-{profile_in_name(profile)}-{gi_profile}-{start}"
+    assert parse_dra_device("gpu.nvidia.com", name) == DraRef(
+        minor=minor, mig_profile=profile_in_name(profile), gi_profile_id=gi_profile, placement_start=start)
+
+
+@given(domain=st.integers(0, 0xFFFF), bus=st.integers(0, 0xFF), device=st.integers(0, 0x1F),
+       function=st.integers(0, 7), pci_id=st.integers(0, 0xFFFF))
+def test_intel_uids_as_the_driver_formats_them_parse_back(domain: int, bus: int, device: int, function: int,
+                                                          pci_id: int) -> None:
+    """DeviceUIDFromPCIinfo: the sysfs PCI address with ':' and '.' as '-', then the device id."""
+    pci = f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+    uid = pci.replace(":", "-").replace(".", "-") + f"-0x{pci_id:04x}"
+    assert parse_dra_device("gpu.intel.com", uid) == DraRef(pci_bus_id=pci)
 
 
 def test_profile_as_the_driver_writes_it() -> None:
