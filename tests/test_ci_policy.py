@@ -108,3 +108,22 @@ def test_e2e_marker_follows_fixtures_and_tools():
     assert {"test_every_dashboard_query_returns_data", "test_rules_check_clean",
             "test_promtool_rule_unit_tests_pass_and_cover_every_alert", "test_compose_file_is_valid_and_mounts_exist"} <= names, result.stdout
     assert not names & {"test_dashboard_structure", "test_rules_are_annotated", "test_generated_dashboards_are_committed"}
+
+
+def test_every_process_collects_the_same_tests():
+    # xdist workers each collect the suite and must agree on every test id, in order, or the
+    # run stops at once ("Different tests were collected between gw0 and gw1"): an id may not
+    # hold anything random (a bcrypt salt) or ordered by hash (a set under PYTHONHASHSEED)
+    def collect(seed: str) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--collect-only",
+                                 str(HERE)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                cwd=HERE.parent)
+
+    runs = [collect("1"), collect("2")]  # at once: each is a few seconds of imports
+    outputs = [run.communicate(timeout=300)[0] for run in runs]
+    ids = [[line for line in out.splitlines() if "::" in line] for out in outputs]
+    assert all(run.returncode == 0 for run in runs), outputs[0][-3000:]
+    assert len(ids[0]) > 1000, outputs[0][-3000:]
+    differ = [(a, b) for a, b in zip(*ids) if a != b]
+    assert ids[0] == ids[1], f"{len(differ)} ids differ between two collections, first: {differ[:3]}"
