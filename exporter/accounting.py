@@ -26,18 +26,18 @@ workload without a process on the GPU is not served, and its counters are kept R
 (at most RETAIN_MAX per GPU) in case a process of it comes back. Per process (group-by=process)
 the counters end with the process.
 
-Pure arithmetic on the snapshot's samples, no I/O; one lock (the monitor calls it from the
-refresh, which is single flight, but a Python API user may hold two monitors' worth of calls).
+Pure arithmetic on the snapshot's samples, no I/O. The monitor calls it from the refresh,
+which is single flight; the lock keeps it right should two refreshes ever overlap. Cost per
+refresh: a few dictionary operations per listed process; a process or workload whose counters
+did not move keeps its served object (most refreshes build none).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
 
-from .samples import GpuIdentity, GpuReading, ProcessSample, UnattributedEnergy, WorkloadUsage
+from .samples import GpuIdentity, GpuReading, ProcessSample, ProcessUsage, UnattributedEnergy, WorkloadUsage
 
 # how long, and how many per GPU, the counters of a workload with no process left are kept
 RETAIN_SECONDS = 3600.0
@@ -52,11 +52,16 @@ def workload_key(p: ProcessSample, group_by: str) -> tuple[str, ...]:
     return owner
 
 
+_NONE: dict[str, float] = {}  # no growth (shared, never written)
+
+
 @dataclass(slots=True)
 class _Process:
     seen: dict[str, float] = field(default_factory=dict)  # engine -> the backend's counter, last seen
+    raw: tuple[tuple[str, float], ...] = ()  # the backend's counters as last seen, whole (most refreshes: the same)
     busy: dict[str, float] = field(default_factory=dict)  # engine -> seconds counted here
     energy: float = 0.0
+    usage: ProcessUsage | None = None  # what was served, kept while the counters stay (most refreshes)
 
 
 @dataclass(slots=True)
@@ -64,6 +69,7 @@ class _Workload:
     at: float  # the time of the last reading it had a process in
     busy: dict[str, float] = field(default_factory=dict)
     energy: float = 0.0
+    usage: WorkloadUsage | None = None  # as _Process.usage
 
 
 @dataclass(slots=True)
@@ -77,7 +83,7 @@ class _Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Accounted:
-    processes: tuple[ProcessSample, ...]  # the input's, with busy_seconds and energy_joules filled in
+    processes: tuple[ProcessUsage, ...]  # per listed, attributed process with per-process busy time
     workloads: tuple[WorkloadUsage, ...]
     unattributed: tuple[UnattributedEnergy, ...]
 
@@ -107,11 +113,11 @@ class Accounting:
         self, reading: GpuReading | None, processes: tuple[ProcessSample, ...], group_by: str, at: float
     ) -> Accounted:
         if reading is None:
-            return Accounted(processes, (), ())
+            return Accounted((), (), ())
         attributed: dict[tuple[int, str], list[ProcessSample]] = {}
         for p in processes:
             attributed.setdefault((p.gpu, p.uuid), []).append(p)
-        filled: dict[tuple[str, int], ProcessSample] = {}
+        usages: list[ProcessUsage] = []
         workloads: list[WorkloadUsage] = []
         unattributed: list[UnattributedEnergy] = []
         present: set[str] = set()
@@ -120,60 +126,86 @@ class Accounting:
             present.add(device)
             if not d.up or d.process_list is None:
                 continue  # counters kept: a GPU back up goes on from them
+            index, uuid = d.identity.index, d.identity.uuid
             state = self._gpus.setdefault(device, _Gpu())
-            mine = attributed.get((d.identity.index, d.identity.uuid), [])
-            grown = self._busy(state, ((p.pid, p.busy_seconds) for p in d.process_list if p.busy_seconds))
+            mine = attributed.get((index, uuid), [])
+            grown = self._busy(state, [(p.pid, p.busy_seconds) for p in d.process_list if p.busy_seconds])
             charged = self._energy(state, d.energy_joules, at, grown, {p.pid for p in mine})
             has_energy = d.energy_joules is not None
             if has_energy:
-                unattributed.append(UnattributedEnergy(d.identity.index, d.identity.uuid, state.unattributed))
+                unattributed.append(UnattributedEnergy(index, uuid, state.unattributed))
             served: dict[tuple[str, ...], _Workload] = {}
             for p in mine:
-                known = state.processes.get(p.pid)
-                if known is None:
+                proc = state.processes.get(p.pid)
+                if proc is None:
                     continue  # no per-process busy time: no counters
-                filled[(device, p.pid)] = dataclasses.replace(
-                    p, busy_seconds=tuple(sorted(known.busy.items())), energy_joules=known.energy if has_energy else None
-                )
+                usage = proc.usage
+                if usage is None or (usage.energy_joules is not None) != has_energy:
+                    usage = proc.usage = ProcessUsage(
+                        index, uuid, p.pid, tuple(proc.busy.items()), proc.energy if has_energy else None
+                    )
+                usages.append(usage)
                 key = workload_key(p, group_by)
                 work = state.workloads.get(key)
-                if work is None:
-                    work = state.workloads[key] = _Workload(at)
+                if work is None:  # a new workload: its process's engines from 0
+                    work = state.workloads[key] = _Workload(at, dict.fromkeys(proc.busy, 0.0))
                 work.at = at
-                for engine, seconds in grown[p.pid].items():
-                    work.busy[engine] = work.busy.get(engine, 0.0) + seconds
-                work.energy += charged.get(p.pid, 0.0)
+                steps = grown[p.pid]
+                if steps:
+                    for engine, seconds in steps.items():
+                        work.busy[engine] = work.busy.get(engine, 0.0) + seconds
+                    work.usage = None
+                joules = charged.get(p.pid)
+                if joules:
+                    work.energy += joules
+                    work.usage = None
                 served[key] = work
             for key, work in served.items():
-                workloads.append(WorkloadUsage(
-                    d.identity.index, d.identity.uuid, key, tuple(sorted(work.busy.items())),
-                    work.energy if has_energy else None,
-                ))
+                wusage = work.usage
+                if wusage is None or (wusage.energy_joules is not None) != has_energy:
+                    wusage = work.usage = WorkloadUsage(
+                        index, uuid, key, tuple(work.busy.items()), work.energy if has_energy else None
+                    )
+                workloads.append(wusage)
             self._expire(state, served, group_by, at)
         for gone in self._gpus.keys() - present:  # a GPU the backend forgot
             del self._gpus[gone]
-        out = tuple(filled.get((p.uuid or f"#{p.gpu}", p.pid), p) for p in processes)
-        return Accounted(out, tuple(workloads), tuple(unattributed))
+        return Accounted(tuple(usages), tuple(workloads), tuple(unattributed))
 
     @staticmethod
-    def _busy(state: _Gpu, listed: Iterable[tuple[int, tuple[tuple[str, float], ...]]]) -> dict[int, dict[str, float]]:
-        """Each listed process's busy growth per engine since the last reading; processes no
-        longer listed are forgotten (their counters end with them)."""
+    def _busy(state: _Gpu, listed: list[tuple[int, tuple[tuple[str, float], ...]]]) -> dict[int, dict[str, float]]:
+        """Each listed process's busy growth per engine since the last reading (only the
+        engines that grew); processes no longer listed are forgotten (their counters end with
+        them)."""
         grown: dict[int, dict[str, float]] = {}
+        processes = state.processes
         for pid, counters in listed:
-            proc = state.processes.get(pid)
+            proc = processes.get(pid)
             if proc is None:
-                proc = state.processes[pid] = _Process()  # the backend's counters start at 0 with it
-            mine: dict[str, float] = {}
+                # the backend's counters start at 0 with it: all it reports is this interval's
+                proc = processes[pid] = _Process(dict.fromkeys((e for e, _ in counters), 0.0),
+                                                 dict.fromkeys((e for e, _ in counters), 0.0))
+            elif counters == proc.raw:
+                grown[pid] = _NONE  # nothing moved: the usual case of a listed process
+                continue
+            proc.raw = counters
+            seen, busy = proc.seen, proc.busy
+            steps: dict[str, float] = {}
             for engine, value in counters:
-                last = proc.seen.get(engine, 0.0)
-                step = value - last if value >= last else 0.0  # restarted by the backend: a new baseline
-                proc.seen[engine] = value
-                proc.busy[engine] = proc.busy.get(engine, 0.0) + step
-                mine[engine] = step
-            grown[pid] = mine
-        for pid in state.processes.keys() - grown.keys():
-            del state.processes[pid]
+                last = seen.get(engine, 0.0)
+                if value != last:
+                    seen[engine] = value
+                    if value > last:  # lower: restarted by the backend, a new baseline
+                        steps[engine] = value - last
+                        busy[engine] = busy.get(engine, 0.0) + value - last
+                elif engine not in busy:
+                    busy[engine] = 0.0
+            if steps:
+                proc.usage = None
+            grown[pid] = steps
+        if len(processes) != len(grown):
+            for pid in processes.keys() - grown.keys():
+                del processes[pid]
         return grown
 
     @staticmethod
@@ -199,7 +231,9 @@ class Accounting:
             for pid, share in shares.items():
                 if share > 0 and pid in attributed:
                     charged[pid] = delta * share / span
-                    state.processes[pid].energy += charged[pid]
+                    proc = state.processes[pid]
+                    proc.energy += charged[pid]
+                    proc.usage = None
         state.unattributed += delta - sum(charged.values())
         return charged
 

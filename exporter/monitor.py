@@ -29,7 +29,7 @@ from .backends import GpuBackend, GpuOptions, make_backend
 from .config import MonitorOptions, options_from_keywords
 from .host import HostReader
 from .logs import LOGGER_NAME, fields
-from .samples import CollectorStatus, GpuReading, HostSample, Snapshot
+from .samples import CollectorStatus, GpuReading, HostSample, ProcessUsage, Snapshot
 
 GIB = 1024**3
 _MAX_WAIT = 86400.0  # the longest any caller may ask to wait, seconds
@@ -375,15 +375,15 @@ class ResourceMonitor:
         if reader is not None:
             gpu, gpu_status, complete = self._await_gpu(reader, target, started, deadline)
         who = self._attribution.refresh(gpu, deadline, self.processes_max_per_gpu)
-        processes, workloads, unattributed = who.processes, (), ()
-        if processes is not None and gpu_status is not None and gpu_status.timestamp_seconds is not None:
+        usage, workloads, unattributed = (), (), ()
+        if who.processes is not None and gpu_status is not None and gpu_status.timestamp_seconds is not None:
             # the reading's own time: a reading served again (a late caller) adds nothing
-            accounted = self._accounting.update(who.gpu, processes, self.processes_group_by, gpu_status.timestamp_seconds)
-            processes, workloads, unattributed = accounted.processes, accounted.workloads, accounted.unattributed
+            accounted = self._accounting.update(who.gpu, who.processes, self.processes_group_by, gpu_status.timestamp_seconds)
+            usage, workloads, unattributed = accounted.processes, accounted.workloads, accounted.unattributed
         snap = Snapshot(
             gpu=who.gpu, gpu_status=gpu_status, host=host, host_status=host_status, taken_monotonic=time.monotonic(),
-            processes=processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
-            workloads=workloads, unattributed_energy=unattributed,
+            processes=who.processes, allocations=who.allocations, kubernetes_status=who.kubernetes_status,
+            workloads=workloads, unattributed_energy=unattributed, process_usage=usage,
             unresolved_devices=who.unresolved_devices,
         )
         return snap, complete
@@ -534,11 +534,14 @@ class ResourceMonitor:
         (collect_processes=False)."""
         snap = self._open_snapshot()
         rows = sorted(snap.processes or (), key=lambda p: (-(p.memory_bytes or 0), p.gpu, p.pid))
+        usage = {(u.gpu, u.uuid, u.pid): u for u in snap.process_usage}
+        none = ProcessUsage(0, "", 0, (), None)
         return [
             {
                 "gpu": p.gpu, "uuid": p.uuid, "pid": p.pid, "process": p.process, "user": p.user,
                 "memory_bytes": p.memory_bytes, "utilization": dict(p.utilization),
-                "busy_seconds": dict(p.busy_seconds), "energy_joules": p.energy_joules,
+                "busy_seconds": dict((u := usage.get((p.gpu, p.uuid, p.pid), none)).busy_seconds),
+                "energy_joules": u.energy_joules,
                 "container_id": p.container_id, "pod_uid": p.pod_uid,
                 "namespace": p.namespace, "pod": p.pod, "container": p.container, "job_id": p.job_id,
             }

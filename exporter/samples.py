@@ -321,10 +321,18 @@ class ProcessSample:
     memory_bytes: int | None
     utilization: tuple[tuple[str, float], ...]  # (engine, ratio); empty where unsupported
     job_id: str = ""  # the Slurm job, from the cgroup; last and defaulted: callers name the others
-    # counters since the exporter first saw the process on this GPU (accounting.py): empty /
-    # None where the backend has no per-process busy time or the device no energy counter
-    busy_seconds: tuple[tuple[str, float], ...] = ()
-    energy_joules: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """Busy time and energy of one process on one GPU, counted since the exporter first saw it
+    there (accounting.py); only for processes with per-process busy time."""
+
+    gpu: int
+    uuid: str
+    pid: int
+    busy_seconds: tuple[tuple[str, float], ...]  # (engine, seconds)
+    energy_joules: float | None  # None: the device has no energy counter
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +392,7 @@ class Snapshot:
     # with the processes collector off
     workloads: tuple[WorkloadUsage, ...] = ()
     unattributed_energy: tuple[UnattributedEnergy, ...] = ()
+    process_usage: tuple[ProcessUsage, ...] = ()  # per process (the Python API)
 
     def gpu_by_index(self, index: int) -> GpuSample | None:
         if self.gpu is None:

@@ -83,7 +83,7 @@ def test_a_gpu_without_per_process_busy_time_serves_no_process_energy() -> None:
     p = _process(0, 1, "c")
     for at, energy in ((0.0, 0.0), (10.0, 50.0)):  # MIG: the process is listed without utilization
         out = acc.update(_reading([_gpu(0, energy, [GpuProcess(1, 1)])]), (p,), "process", at)
-    assert out.workloads == () and out.processes[0].energy_joules is None
+    assert out.workloads == () and out.processes == ()
     assert out.unattributed[0].joules == pytest.approx(50.0)
 
 

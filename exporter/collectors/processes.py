@@ -121,14 +121,16 @@ def process_families(
         for labels, used, ratios in rows[:max_per_gpu]:
             if used is not None:
                 _put(memory, labels, used)
+            engines = {}  # engine -> the row's labels with it: one dict for both families (read only)
             for engine, ratio in ratios.items():
-                _put(util, {**labels, "engine": engine}, ratio)
+                engines[engine] = {**labels, "engine": engine}
+                _put(util, engines[engine], ratio)
             values = tuple(labels.values())
             work = usage.get((int(values[0]), values[1], values[2:]))
             if work is None:
                 continue  # no per-process busy time (MIG, gpu-tracker)
             for engine, seconds in work.busy_seconds:
-                _put(busy, {**labels, "engine": engine}, seconds)
+                _put(busy, engines.get(engine) or {**labels, "engine": engine}, seconds)
             if work.energy_joules is not None:
                 _put(energy, labels, work.energy_joules)
     yield memory
