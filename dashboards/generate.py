@@ -211,9 +211,11 @@ def value_map(texts: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
 # through resmon_gpu_allocation_info, a Slurm job through resmon_gpu_job_info) is idle while its
 # busy share is under 5 %: its own processes' busy time where the exporter reports it per
 # process, else the device's. The *_hours_per_hour rules are GPUs (GPU-hours per hour) and kW
-# (kWh per hour); over the dashboard's range, each minute adds a minute's worth.
+# (kWh per hour); over the dashboard's range, each 15 s step adds 15 s worth (steps align to
+# multiples of 15 s: a series is seen within 15 s of its first evaluation; 1m would leave a new
+# one out for up to a minute).
 def over_range(rule: str) -> str:
-    return f"sum_over_time({rule}[$__range:1m]) / 60"
+    return f"sum_over_time({rule}[$__range:15s]) / 240"
 
 
 WASTE_NEEDS = (" Needs the recording rules of prometheus/rules/resmon.waste.rules.yml in Prometheus.")
@@ -263,10 +265,11 @@ def waste_row(lay: Layout, node: bool) -> None:
                   description="GPU energy over the range times the price per kWh (dashboard variable).",
                   decimals=2), 4, 4)
     lay.add(panel("stat", "Energy no workload was charged", [target(
-        f"{UNATTRIBUTED_RANGE} / {ENERGY_RANGE}", "share", instant=True)], "percentunit",
+        f"({UNATTRIBUTED_RANGE}) / ({ENERGY_RANGE} > 0)", "share", instant=True)], "percentunit",
         description="The share of the GPUs' energy over the range that the exporter charged to no process: idle "
                     "time, and processes it cannot see (resmon_gpu_unattributed_energy_joules_total; needs "
-                    "--collector.processes)."), 4, 4)
+                    "--collector.processes). Of the GPUs that report it; empty while their energy did not grow."),
+            4, 4)
     if node:
         lay.add(cost_table("Busy share of each pod's GPU", "namespace, pod, gpu, uuid", [
             ("Busy", "percentunit", f"resmon:gpu_pod_busy:ratio_rate5m{{{GSEL}}}"),

@@ -12,6 +12,7 @@ from typing import Any
 
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, gpu_keys
+from promstack import wait_until
 
 # Who uses the GPU (processes and kubernetes collectors): GPU 0 is time-sliced between two
 # pods. team-a/train-0's process holds POD_VRAM, a host process HOST_VRAM; team-b/notebook-1
@@ -49,6 +50,9 @@ class GpuUsers:
         for _ in range(3):  # one at a time: a failed second start still leaves the first to stop()
             self.children.append(subprocess.Popen(["sleep", "3600"]))
         self.host_pid, self.pod_pid, self.job_pid = (c.pid for c in self.children)
+        # Popen can return (vfork) before exec renamed a child: its comm reads "python" until then
+        for pid in (self.host_pid, self.pod_pid, self.job_pid):
+            wait_until(f"pid {pid} exec'd", lambda: Path(f"/proc/{pid}/comm").read_text() == "sleep\n", 10)
         self.procfs, self.pod_logs = root / "proc", root / "pods"
         (self.procfs / "self").mkdir(parents=True)  # what the exporter checks a procfs by
         kubepods = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"

@@ -364,12 +364,41 @@ def panel_expectations(fleet: Fleet) -> dict[tuple[str, str], Expected]:
         ("Pods by VRAM", "A"): {pod("train-0"): POD_VRAM},
         ("Pods by VRAM", "B"): {pod("train-0"): POD_SM / 100},
         ("Pods by VRAM", "C"): {pod("train-0"): 1, pod("notebook-1"): 2},
+        **waste_expectations(fleet),
         ("Host CPU", "A"): per_node(fleet, ratio),
         ("Host memory used", "A"): per_node(fleet, lambda v: 0 < v < 1),
         ("Collector success", "A"): {key({**node_labels(m), "collector": c}): 1
                                      for m in fleet.members for c in collectors(m)},
         ("Refresh duration", "A"): {key({**node_labels(m), "collector": c}): (lambda v: 0 <= v < 5)
                                     for m in fleet.members for c in collectors(m)},
+    }
+
+
+def waste_expectations(fleet: Fleet) -> dict[tuple[str, str], Expected]:
+    """The Waste and cost row. The fleet loads resmon.rules.yml only (the recording-rule test
+    here covers that file), so the panels on resmon.waste.rules.yml's rules answer their
+    fallbacks (0 idle GPUs, no rows); tests/test_stack.py proves them with the rules loaded.
+    Energy per workload: only on the pods node, where the processes collector runs, for its
+    three processes (tests/gpu_users.py), once the exporter serves per-process energy."""
+    users, pods = fleet.member(PODS_NODE).users, fleet.member(PODS_NODE).instance
+    charged = bool(fleet.query("resmon_gpu_process_energy_joules_total"))
+    # a share, where the exporter splits energy (the pods node's GPUs), of the energy that grew
+    split = bool(fleet.query("resmon_gpu_unattributed_energy_joules_total")) and bool(
+        fleet.query("sum(increase(resmon_gpu_energy_joules_total[1h])) > 0"))
+    workloads = {key({"job": JOB, "instance": pods, "who": who}): (lambda v: v >= 0) for who in (
+        f"team-a/train-0 (trainer) pid {users.pod_pid}", f"sleep (pid {users.host_pid})",
+        f"sleep (pid {users.job_pid}, job {gpu_users.JOB_ID})")} if charged else {}
+    return {
+        ("Idle allocated GPUs now", "A"): {key({}): 0},
+        ("Idle GPU-hours", "A"): {key({}): 0},
+        ("Cost of idle GPU-hours", "A"): {key({}): 0},
+        ("GPU energy", "A"): {key({}): lambda v: v >= 0},
+        ("GPU energy cost", "A"): {key({}): lambda v: v >= 0},
+        ("Energy no workload was charged", "A"): {key({}): ratio} if split else {},
+        ("Idle GPU-hours by namespace", "A"): {}, ("Idle GPU-hours by namespace", "B"): {},
+        ("Idle GPU-hours by Slurm job", "A"): {}, ("Idle GPU-hours by Slurm job", "B"): {},
+        ("Energy by workload", "A"): workloads, ("Energy by workload", "B"): workloads,
+        ("VRAM held without work", "A"): {},
     }
 
 

@@ -451,6 +451,32 @@ def stack_machine() -> dict[str, Any]:
     return machine
 
 
+IDLE_VRAM = 8 * GIB  # the idle holder's, a quarter of GPU 3 (a 32 GiB V100)
+
+
+class IdleHolder:
+    """A host process holding IDLE_VRAM on GPU 3 without any engine time (NVML lists it, with
+    no utilization samples): the Waste and cost row's "VRAM held without work" and the
+    ResmonGpuMemoryHeldIdle alert. A real child of the test, in the GpuUsers' procfs tree."""
+
+    def __init__(self, procfs: Path) -> None:
+        self.child = subprocess.Popen(["sleep", "3600"])
+        self.pid = self.child.pid
+        # Popen may return (vfork) before exec has renamed the child: its comm reads "python" until then
+        wait_until("the idle holder exec'd", lambda: Path(f"/proc/{self.pid}/comm").read_text() == "sleep\n", 10)
+        (procfs / str(self.pid)).mkdir()
+        for name in ("comm", "status", "cgroup"):
+            (procfs / str(self.pid) / name).write_text(Path(f"/proc/{self.pid}/{name}").read_text())
+
+    def scenario(self) -> dict[str, Any]:
+        return {"gpu.3.processes": f"{self.pid}:{IDLE_VRAM}"}
+
+    def stop(self) -> None:
+        if self.child.poll() is None:
+            self.child.kill()
+        self.child.wait(5)
+
+
 class Stack:
     def __init__(self, root: Path, lib: Path) -> None:
         self.root = root
@@ -458,9 +484,10 @@ class Stack:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.users = GpuUsers(root, (UUID[0], UUID[1]))
+        self.idle = IdleHolder(self.users.procfs)
         machine = stack_machine()
         machine.pop("gpu.0.graphics_processes")
-        self.scenario = Scenario(root / "scenario.txt", {**machine, **self.users.scenario()})
+        self.scenario = Scenario(root / "scenario.txt", {**machine, **self.users.scenario(), **self.idle.scenario()})
         self.ticker = threading.Thread(target=self.tick, daemon=True)
         self.ticker.start()
         # slow values every 2 s: time compressed like the rules' 30 s windows (with the default
@@ -493,11 +520,13 @@ class Stack:
             'resmon_gpu_process_memory_used_bytes{pod="train-0"} and on (pod) resmon_gpu_allocation_info'), 60)
 
     def tick(self) -> None:
-        """Counters that move: GPU 0's hardware thermal slowdown time, PCIe and NVLink bytes."""
+        """Counters that move: GPU 0's hardware thermal slowdown time, PCIe and NVLink bytes, and
+        its energy at its power draw (350.5 W: the energy split per workload, Waste and cost)."""
         started = time.monotonic()
         while not self.stopping.wait(0.25):
             s = time.monotonic() - started
             self.update(**{"gpu.0.field.270": int(HW_THERMAL_SHARE * s * 1e9),
+                           "gpu.0.energy_mj": 123456789 + int(350_500 * s),
                            "gpu.0.field.197": 10**11 + int(2e9 * s), "gpu.0.field.198": 5 * 10**10 + int(1e9 * s),
                            "gpu.0.nvlink.0.tx_kib": 1_000_000 + int(1e6 * s),
                            "gpu.0.nvlink.0.rx_kib": 2_000_000 + int(5e5 * s)})
@@ -541,6 +570,7 @@ class Stack:
         self.webhook.shutdown()
         self.exporter.stop()
         self.users.stop()
+        self.idle.stop()
 
 
 @pytest.fixture(scope="module")
@@ -553,7 +583,7 @@ def stack(fake_libs, tmp_path_factory):
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_every_dashboard_query_returns_data(stack, path):
     """Waits for data: the Waste and cost panels integrate recording rules over the range in
-    1-minute steps, aligned to the minute, so they have data once a minute boundary has passed
+    15 s steps, aligned to multiples of 15 s, so they have data once such a step has passed
     since the rules' first evaluation."""
     empty: list[str] = []
 
@@ -592,13 +622,15 @@ def test_who_uses_the_gpu_panels_give_each_pod_its_own_vram(stack):
     pod_who, host_who = f"team-a/train-0 (trainer) pid {users.pod_pid}", f"sleep (pid {users.host_pid})"
     job_who = f"sleep (pid {users.job_pid}, job {JOB_ID})"
     (vram,) = panel_exprs("resmon-node.json", "VRAM by process").values()
+    idle_who = f"sleep (pid {stack.idle.pid})"
     settle("VRAM by process", lambda: by(vram, "gpu", "who"),
-           {("0", pod_who): POD_VRAM, ("0", host_who): HOST_VRAM, ("1", job_who): JOB_VRAM})
+           {("0", pod_who): POD_VRAM, ("0", host_who): HOST_VRAM, ("1", job_who): JOB_VRAM, ("3", idle_who): IDLE_VRAM})
     host = [r["metric"] for r in stack.query(vram) if r["metric"]["who"] == host_who]
     assert [(m["process"], m["user"], m.get("pod", "")) for m in host] == [("sleep", users.user, "")]
     (sm,) = panel_exprs("resmon-node.json", "SM utilization by process").values()
     settle("SM utilization by process", lambda: by(sm, "gpu", "who"),  # every sample says POD_SM / HOST_SM
-           {("0", pod_who): POD_SM / 100, ("0", host_who): HOST_SM / 100, ("1", job_who): JOB_SM / 100})
+           {("0", pod_who): POD_SM / 100, ("0", host_who): HOST_SM / 100, ("1", job_who): JOB_SM / 100,
+            ("3", idle_who): 0})  # listed without samples: idle
 
     held = {("team-a", "train-0", "trainer", "0", f"{UUID[0]}::0"),
             ("team-b", "notebook-1", "lab", "0", f"{UUID[0]}::1"), ("team-b", "notebook-1", "lab", "1", UUID[1])}
@@ -770,7 +802,8 @@ def test_waste_alerts_fire_on_idle_holders_and_not_on_busy_ones(stack):
     busy time counts, their own or the device's; team-a/train-0 keeps GPU 0 busy (POD_SM) and
     stays quiet. With per-process busy series (the exporter's resmon_gpu_process_busy_seconds_total)
     notebook-1 is idle on GPU 0 too (no process of its own there, though the device is busy), and
-    the job's idle process holding JOB_VRAM (over 10 % of GPU 1) fires ResmonGpuMemoryHeldIdle."""
+    the job's idle process holding JOB_VRAM (over 10 % of GPU 1) fires ResmonGpuMemoryHeldIdle, as
+    the IdleHolder on GPU 3 does all along; the busy processes (HOST_VRAM, POD_VRAM) stay quiet."""
     users = stack.users
     instance = f"127.0.0.1:{stack.exporter.port}"
     idle = {f"gpu.1.samples.{engine}": 0 for engine in ("gpu", "memory", "encoder", "decoder")}
@@ -804,15 +837,15 @@ def test_waste_alerts_fire_on_idle_holders_and_not_on_busy_ones(stack):
         if per_process:
             settle("ResmonGpuMemoryHeldIdle firing",
                    lambda: {(a["labels"]["gpu"], a["labels"].get("pid", "")) for a in stack.alerts("ResmonGpuMemoryHeldIdle")},
-                   {("1", str(users.job_pid))}, 60)
-            (zombie,) = stack.alerts("ResmonGpuMemoryHeldIdle")
+                   {("1", str(users.job_pid)), ("3", str(stack.idle.pid))}, 60)
+            (zombie,) = [a for a in stack.alerts("ResmonGpuMemoryHeldIdle") if a["labels"]["gpu"] == "1"]
             assert zombie["annotations"]["summary"] == (
                 f"Process sleep (pid {users.job_pid}) holds {JOB_VRAM // GIB}GiB of GPU 1 on {instance} and does nothing")
         else:  # no per-process busy time: nothing can be called idle by it
             assert held == set() and stack.query("resmon:gpu_workload_busy:ratio_rate5m") == []
     finally:
-        stack.update(**{key: None for key in idle}, **{"gpu.1.samples.gpu": GPU1_BUSY,
-                                                     "gpu.1.process_util": users.scenario()["gpu.1.process_util"]})
+        stack.update(**{**{key: None for key in idle}, "gpu.1.samples.gpu": GPU1_BUSY,
+                        "gpu.1.process_util": users.scenario()["gpu.1.process_util"]})
 
 
 def test_health_collector_failing_fires(stack):
