@@ -30,11 +30,9 @@ READS: dict[str, tuple[str, ...]] = {
     "throttle": ("resmon_gpu_throttle_active",),
     "power": ("resmon_gpu_power_watts",),
     "power_limit": ("resmon_gpu_power_limit_watts",),
-    # the workloads' energy is the device's split (exporter/accounting.py)
-    "energy": (
-        "resmon_gpu_energy_joules_total", "resmon_gpu_process_energy_joules_total",
-        "resmon_gpu_unattributed_energy_joules_total",
-    ),
+    # also what the workloads' energy splits (exporter/accounting.py): excluding the device's
+    # family skips the read, and the workload energy families have no values then
+    "energy": ("resmon_gpu_energy_joules_total",),
     "temperature": ("resmon_gpu_temperature_celsius",),
     "memory_temperature": ("resmon_gpu_memory_temperature_celsius",),
     "busy": ("resmon_gpu_busy_seconds_total",),
