@@ -210,7 +210,9 @@ def test_failing_cli_marks_gpus_down_and_recovers(smi, start):
 def test_hung_cli_is_bounded_and_killed(smi, start):
     smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
     exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0", "--collect.timeout=1s")
-    exporter.scrape()
+    # both GPUs known before the CLI hangs: on a busy machine the first read may itself have
+    # run past the 1 s (failed in a parallel run: no resmon_gpu_up series at all after the hang)
+    exporter.wait_for(lambda s: [v for _, v in s.series("resmon_gpu_up")] == [1.0, 1.0], timeout=30)
     smi.write({"nvidia": {**NVIDIA_TWO, "sleep": 60}})
     status, _, body = exporter.request("/metrics", timeout=20)
     assert status == 200
@@ -219,13 +221,23 @@ def test_hung_cli_is_bounded_and_killed(smi, start):
     assert [v for _, v in s.series("resmon_gpu_up")] == [0.0, 0.0]
     assert s.has("resmon_memory_total_bytes")
     exporter.scrape()
-    # the hung CLI processes were killed, not left behind
-    import time
-
-    time.sleep(0.5)
+    # the hung CLI processes were killed, not left behind: waited for (bounded), not a fixed sleep
     pids = [int(l.rsplit("pid=", 1)[1]) for l in smi.calls("utilization.gpu")]
-    alive = [p for p in pids if Path(f"/proc/{p}").exists() and "fake_smi" in Path(f"/proc/{p}/cmdline").read_text()]
-    assert alive == []
+
+    def alive() -> list[int]:
+        found = []
+        for p in pids:
+            try:
+                if "fake_smi" in Path(f"/proc/{p}/cmdline").read_text():
+                    found.append(p)
+            except OSError:
+                pass  # gone between the listing and the read
+        return found
+
+    deadline = time.monotonic() + 10
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive() == []
     smi.write({"nvidia": NVIDIA_TWO})
     assert exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
 
