@@ -49,10 +49,24 @@ def window(sample) -> float:
 
 
 def test_first_refresh_nothing_then_a_fast_refresh_keeps_the_older_baseline(gpu):
+    spans: dict[float, tuple[float, float]] = {}  # at -> (start, end) of its read, real time
+
     def read(at: float):
         gpu.clock.now = 1000.0 + at
         time.sleep(0.02)  # the fake's own clock moves between samples
-        return gpu.reader.read("k", gpu.handle, gpu.ask)
+        start = time.monotonic()
+        try:
+            return gpu.reader.read("k", gpu.handle, gpu.ask)
+        finally:
+            spans[at] = (start, time.monotonic())
+
+    def diffed_against(sample, at: float, base: float) -> bool:
+        # the fake took each sample within its read: a window of the sample at `at` diffed
+        # against the one at `base` lies between these two spans (however a busy machine
+        # stretched the reads: comparing the windows with each other failed once in a parallel
+        # run, 0.163 s for the shorter after a preempted read)
+        (new_start, new_end), (old_start, old_end) = spans[at], spans[base]
+        return new_start - old_end - 0.005 <= window(sample) <= new_end - old_start + 0.005
 
     assert gpu.reader.supported("k", gpu.handle, gpu.ask)
     assert read(0.0) is None  # the first refresh: one sample, no window
@@ -60,12 +74,15 @@ def test_first_refresh_nothing_then_a_fast_refresh_keeps_the_older_baseline(gpu)
         assert read(at) is None
     first = read(1.1)  # kept: the samples at 0.0 and 1.1
     assert first is not None and dict(first.ratios) == {"sm_active": 0.4}
-    later = [read(at) for at in (1.4, 1.7, 2.0, 2.3)]
-    windows = [window(first)] + [window(s) for s in later]  # as the fake measured them
+    assert diffed_against(first, 1.1, 0.0), (window(first), spans)
+    later = dict((at, read(at)) for at in (1.4, 1.7, 2.0, 2.3))
     # 1.4 .. 2.0 diff against the sample at 0.0 (the one at 1.1 is less than 1 s old): the
     # window grows with every refresh instead of shrinking to the time since the last one
-    assert windows[0] < windows[1] < windows[2] < windows[3], windows
-    assert windows[4] < windows[3]  # at 2.3 the sample at 1.1 is 1.2 s old: the newer baseline
+    for at in (1.4, 1.7, 2.0):
+        assert diffed_against(later[at], at, 0.0), (at, window(later[at]), spans)
+    # at 2.3 the sample at 1.1 is 1.2 s old: the newer baseline
+    assert diffed_against(later[2.3], 2.3, 1.1), (window(later[2.3]), spans)
+    later = list(later.values())
     assert all(dict(s.ratios) == {"sm_active": 0.4} for s in later)
     allocated = gpu.trace.counts()["nvmlGpmSampleAlloc"] - gpu.before["nvmlGpmSampleAlloc"]
     assert allocated == 3  # two kept, one being taken: never more, however many refreshes
