@@ -80,8 +80,8 @@ def test_without_ci_skips_stay_skips(tmp_path, workers):
     assert "forbids skips" not in out
 
 
-@pytest.mark.parametrize("value", ["true", "1"])
-@pytest.mark.parametrize("workers", [(), XDIST], ids=["serial", "xdist"])
+@pytest.mark.parametrize(("value", "workers"), [("true", ()), ("1", ()), ("true", XDIST)],
+                         ids=["true-serial", "1-serial", "true-xdist"])
 def test_under_ci_every_skip_fails(tmp_path, value, workers):
     rc, out = run_suite(tmp_path, value, *workers)
     assert rc == 1, out
