@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from resmon_exporter.version import __version__
-from test_kubernetes_manifests import (K8S, K8S_VERSIONS, OVERLAYS, RULES, DASHBOARDS, config, enum_violations,
+from test_kubernetes_manifests import (K8S, K8S_VERSIONS, OVERLAYS, RULE_FILES, DASHBOARDS, rule_groups, config, enum_violations,
                                        kubectl, kustomize, promtool, validate_cr)
 
 pytestmark = pytest.mark.e2e
@@ -269,7 +269,7 @@ def test_tls_alone_is_probed_over_https(helm: str) -> None:
 def test_the_prometheusrule_and_dashboards_come_from_their_sources(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["kube-prometheus-stack"]
     [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
-    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    assert rule["spec"]["groups"] == rule_groups()
     maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     sources = sorted(DASHBOARDS.glob("*.json"))
     assert len(maps) == len(sources) > 0
@@ -329,8 +329,9 @@ def test_package_follows_the_project_version(helm: str, tmp_path: Path) -> None:
         chart = yaml.safe_load(tar.extractfile("resmon-exporter/Chart.yaml").read())  # type: ignore[union-attr]
         assert (chart["version"], chart["appVersion"]) == (__version__, __version__)
         # the symlinked sources are stored as files with their content, the generator left out
-        rules = tar.getmember("resmon-exporter/files/resmon.rules.yml")
-        assert rules.isfile() and tar.extractfile(rules).read() == RULES.read_bytes()  # type: ignore[union-attr]
+        for path in RULE_FILES:
+            rules = tar.getmember(f"resmon-exporter/files/rules/{path.name}")
+            assert rules.isfile() and tar.extractfile(rules).read() == path.read_bytes()  # type: ignore[union-attr]
         names = tar.getnames()
         for path in DASHBOARDS.glob("*.json"):
             assert f"resmon-exporter/files/dashboards/{path.name}" in names

@@ -30,7 +30,8 @@ from resmon_exporter.version import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "kubernetes"
-RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"
+RULES = REPO / "prometheus" / "rules" / "resmon.rules.yml"  # the exporter's own alerts
+RULE_FILES = sorted((REPO / "prometheus" / "rules").glob("*.yml"))  # every file the PrometheusRule carries
 DASHBOARDS = REPO / "dashboards"
 DOCS = REPO / "docs" / "kubernetes.md"
 
@@ -445,7 +446,8 @@ def test_generated_files_are_up_to_date(tmp_path: Path) -> None:
 
 
 def test_the_prometheusrule_holds_the_rules_file(built: dict[str, list[dict[str, Any]]]) -> None:
-    source = yaml.safe_load(RULES.read_text())["groups"]
+    source = rule_groups()
+    assert len(RULE_FILES) >= 2 and {g["name"] for g in source} >= {"resmon.gpu", "resmon.waste"}
     for build in MONITORED_BUILDS:
         assert one(built, build, "PrometheusRule")["spec"] == {"groups": source}
 
@@ -680,6 +682,11 @@ def test_service_and_selectors(built: dict[str, list[dict[str, Any]]], build: st
     assert service["spec"]["selector"] == selector
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9636, "targetPort": "metrics", "protocol": "TCP"}]
     assert pod_spec(built, build)["serviceAccountName"] == one(built, build, "ServiceAccount")["metadata"]["name"]
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    """The groups of every prometheus/rules/*.yml, file after file in name order."""
+    return [group for path in RULE_FILES for group in yaml.safe_load(path.read_text())["groups"]]
 
 
 def alert_job_patterns() -> set[str]:
