@@ -469,10 +469,11 @@ def node() -> dict[str, Any]:
         ("Container VRAM", "bytes", f"sum by ({POD_BY}) ({POD_MEM}) * on ({POD_BY}) group_right {ALLOCATIONS}"),
         ("Device VRAM (all pods)", "bytes",
          f"resmon_gpu_memory_used_bytes{{{GSEL}}} * on ({GPU_BY}) group_right {ALLOCATIONS}"),
-    ], ["namespace", "pod", "container", "resource", "device_id", "instance", "gpu", "uuid"], sort="namespace",
+    ], ["namespace", "pod", "container", "resource", "device_id", "claim", "share", "instance", "gpu", "uuid"], sort="namespace",
         description="Every container holding a GPU, from the kubelet's PodResources API (kubernetes collector): the "
                     "device id the device plugin gave it (GPU-...::N with time-slicing, MIG-... for a MIG "
-                    "instance), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
+                    "instance; DRA rows: the driver as resource, the device name as device_id, the ResourceClaim "
+                    "as claim and the kubelet's share_id as share), the VRAM its own processes hold on that GPU (repeated on each device id of that GPU "
                     "it holds; empty: none, or the processes collector is off), and the VRAM of the whole device, "
                     "shared by every pod on it.")
     lay.add(allocations, 24, 8)
