@@ -44,7 +44,10 @@ def make_backend(
         sysfs = (options or GpuOptions()).sysfs
         return bounded(lambda: intel_backend(log, sysfs, options, timeout), timeout, "--gpu.backend=intel: finding cards")
     if choice == "gpu-tracker":
-        from .gpu_tracker.backend import explicit_backend
+        from .gpu_tracker.backend import explicit_backend, load_adapter
 
+        # the import of gpu-tracker (pandas, SQLAlchemy) is outside the bound: it cannot wedge
+        # like a vendor CLI, and on a loaded host it alone can take longer than the bound
+        load_adapter()
         return bounded(lambda: explicit_backend(log, timeout), timeout * 3 + 1, "--gpu.backend=gpu-tracker: probing")
     raise BackendError(f"unknown GPU backend {choice!r}; choose one of {', '.join(BACKEND_CHOICES)}")
