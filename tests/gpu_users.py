@@ -7,12 +7,12 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from fake_kubelet import Container, Device, FakeKubelet, Pod, short_socket_dir
 from fakenvml import GIB, gpu_keys
-from promstack import wait_until
 
 # Who uses the GPU (processes and kubernetes collectors): GPU 0 is time-sliced between two
 # pods. team-a/train-0's process holds POD_VRAM, a host process HOST_VRAM; team-b/notebook-1
@@ -25,6 +25,16 @@ POD_VRAM, HOST_VRAM = 40 * GIB, 20 * GIB
 POD_SM, HOST_SM = 50, 30  # percent, in every process utilization sample
 JOB_ID, JOB_VRAM, JOB_SM = "4242", 10 * GIB, 40
 JOB_CGROUP = f"0::/system.slice/slurmstepd.scope/job_{JOB_ID}/step_batch/user/task_0\n"
+
+
+def wait_until(what: str, check: Any, timeout: float) -> None:
+    """Bounded wait for a state. Here, not promstack's: the demo image (demo/Dockerfile) carries
+    this file without promstack.py and its yaml, and the demo runs the pods from it."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
 
 
 class GpuUsers:
