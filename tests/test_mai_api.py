@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import queue
+import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -295,7 +297,6 @@ def test_a_context_manager_closes_and_the_api_then_raises(machine):
 def test_close_does_not_wait_out_the_xid_watchers_wait_and_nvml_is_shut_down_after_it(
     machine, fake_libs, tmp_path_factory
 ):
-    import threading
     import time
 
     from fakenvml import load_in_process
@@ -342,18 +343,29 @@ def test_close_does_not_wait_out_the_xid_watchers_wait_and_nvml_is_shut_down_aft
 SERVING_EXAMPLE = REPO / "examples" / "serve_from_python.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int) -> tuple[int, str] | None:
+def _get(url: str) -> tuple[int, str] | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5) as response:
             return response.status, response.read().decode()
     except OSError:
         return None  # not listening yet
+
+
+def _serving_url(proc: subprocess.Popen[str], deadline: float) -> str:
+    """The URL the example prints once it listens (--port=0: the port the kernel picked; a port
+    found free first and passed later can be taken in between by another xdist worker)."""
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    # readline blocks: a thread of its own, so the wait below keeps its deadline
+    threading.Thread(target=lambda: lines.put(stdout.readline()), daemon=True).start()
+    try:
+        line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        raise AssertionError("the example printed no URL in time") from None
+    match = re.fullmatch(r"serving (http://127\.0\.0\.1:(\d+)/metrics) \(Ctrl-C stops\)\n", line)
+    assert match and int(match[2]) > 0, (line, proc.poll())
+    return match[1]
 
 
 def test_the_serving_example_serves_until_ctrl_c(fake_libs, scenario, trace):
@@ -361,14 +373,14 @@ def test_the_serving_example_serves_until_ctrl_c(fake_libs, scenario, trace):
     # a script (the server is a daemon thread); the example keeps serving until Ctrl-C
     values = three_gpus()
     scenario.write(values)
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVING_EXAMPLE), f"--port={port}"], env=nvml_env(fake_libs["current"], scenario, trace),
+    proc = subprocess.Popen([sys.executable, str(SERVING_EXAMPLE), "--port=0"], env=nvml_env(fake_libs["current"], scenario, trace),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
+        url = _serving_url(proc, deadline)
         answer = None
         while proc.poll() is None and time.monotonic() < deadline:
-            answer = _get(port)
+            answer = _get(url)
             if answer is not None and "resmon_gpu_memory_total_bytes" in answer[1]:
                 break
             time.sleep(0.1)
@@ -376,7 +388,7 @@ def test_the_serving_example_serves_until_ctrl_c(fake_libs, scenario, trace):
         assert answer is not None and answer[0] == 200, answer
         scrape = Scrape(answer[1])
         assert scrape.value("resmon_gpu_memory_total_bytes", gpu="0", uuid=values["gpu.0.uuid"]) == values["gpu.0.memory_total"]
-        assert _get(port) is not None  # still serving after the scrape
+        assert _get(url) is not None  # still serving after the scrape
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = proc.communicate(timeout=15)
         assert proc.returncode == 0 and "stopping on SIGINT" in out, (proc.returncode, out, err)
