@@ -566,7 +566,7 @@ def test_a_blocked_sensor_file_downs_only_its_card_within_the_deadline(fuse_tree
             started = time.monotonic()
             snap = monitor.snapshot()  # the scrape's deadline: --collect.timeout
             elapsed = time.monotonic() - started
-            assert elapsed < 1.0 + 0.25, elapsed
+            assert elapsed < 1.0 + 1.0, elapsed  # the scrape's deadline, not the hang (which never ends)
             if not by_pci(snap.gpu)[RX].up or time.monotonic() > deadline:
                 break
         got = by_pci(snap.gpu)
@@ -590,18 +590,19 @@ def test_a_blocked_sensor_file_downs_only_its_card_within_the_deadline(fuse_tree
 def test_a_blocked_drm_listing_keeps_the_previous_cards_and_reads_them(fuse_tree, log):
     ft = fuse_tree
     logger, records = log
-    b = AmdgpuBackend(logger, str(ft.mount), GpuOptions(), ids_file="/nonexistent/amdgpu.ids", device_timeout=1.0)
+    b = AmdgpuBackend(logger, str(ft.mount), GpuOptions(), ids_file="/nonexistent/amdgpu.ids", device_timeout=4.0)
     assert bounded(b.read).success
     ft.rules({}, paths={"class/drm": {"hang": True}})  # the listing of /sys/class/drm blocks
-    started = time.monotonic()
+    # the hang lasts until the rules are cleared: a read that returns at all did not wait for the
+    # listing (bounded() fails after 10 s)
     reading = bounded(b.read, timeout=10)
-    assert time.monotonic() - started < 1.0
     got = by_pci(reading)
     assert got[RX].up and got[MI].up and got[MI].utilization_ratio == 1.0  # the card set of the last listing
     assert reading.device_count == 2 and not reading.success
     started = time.monotonic()
     assert [d.up for d in bounded(b.read, timeout=10).devices] == [True, True]
-    assert time.monotonic() - started < 0.5  # the listing in flight is not waited for again, nor started again
+    # the listing in flight is not waited for again (half the 4 s deadline), nor started again
+    assert time.monotonic() - started < 1.0
     assert records.messages().count("listing /sys/class/drm is in flight; keeping the cards of the last listing") == 1
     ft.rules({})
     deadline = time.monotonic() + 20
