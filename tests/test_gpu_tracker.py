@@ -245,12 +245,15 @@ def test_slow_import_of_the_extra_is_not_probing(smi, start, tmp_path):
 
 def test_hung_cli_is_bounded_and_killed(smi, start):
     smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
-    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0", "--collect.timeout=1s")
+    # 5 s: a fake CLI is a Python process started per query, which on a machine loaded by two
+    # busy loops and the other workers took over 1 s, so the GPUs never came up at 1 s; the hang
+    # below lasts 60 s, so the bound is still what is tested
+    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.cache-ttl=0", "--collect.timeout=5s")
     # both GPUs known before the CLI hangs: on a busy machine the first read may itself have
     # run past the 1 s (failed in a parallel run: no resmon_gpu_up series at all after the hang)
-    exporter.wait_for(lambda s: [v for _, v in s.series("resmon_gpu_up")] == [1.0, 1.0], timeout=30)
+    exporter.wait_for(lambda s: [v for _, v in s.series("resmon_gpu_up")] == [1.0, 1.0], timeout=60)
     smi.write({"nvidia": {**NVIDIA_TWO, "sleep": 60}})
-    status, _, body = exporter.request("/metrics", timeout=20)
+    status, _, body = exporter.request("/metrics", timeout=40)
     assert status == 200
     s = Scrape(body.decode())
     assert s.value("resmon_collector_success", collector="gpu") == 0
@@ -275,7 +278,7 @@ def test_hung_cli_is_bounded_and_killed(smi, start):
         time.sleep(0.05)
     assert alive() == []
     smi.write({"nvidia": NVIDIA_TWO})
-    assert exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=20)
+    assert exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=60)
 
 
 def test_auto_probing_a_slow_cli_is_outside_scrape_deadlines(smi, start):
