@@ -236,8 +236,11 @@ def test_slow_import_of_the_extra_is_not_probing(smi, start, tmp_path):
     of gpu-tracker on a busy host must not make the exporter exit (it did: "probing did not
     return within 7s" with an 8 s import)."""
     smi.install("nvidia-smi").write({"nvidia": NVIDIA_TWO})
-    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.timeout=2s", "--collect.cache-ttl=0",
-                     extra_env=slow_import_env(tmp_path, 8))
+    # 4 s: each fake CLI call (a Python process) must answer within it on a loaded machine (at
+    # 2 s it did not, in a fresh-clone run beside two busy loops); the 15 s import is past the
+    # old bound of 4 x 3 + 1 = 13 s
+    exporter = start(smi, "--gpu.backend=gpu-tracker", "--collect.timeout=4s", "--collect.cache-ttl=0",
+                     extra_env=slow_import_env(tmp_path, 15))
     assert exporter.proc.poll() is None, exporter.stderr
     s = exporter.wait_for(lambda s: s.value("resmon_collector_success", collector="gpu") == 1, timeout=60)
     assert_cli_gpus(s, NVIDIA_TWO["gpus"])
