@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 from ..samples import AllocationSample, GpuReading, GpuSample, MigSlot, ProcessSample
 from .cgroups import ContainerRef
@@ -126,33 +126,28 @@ def allocations(
 
 def known_slots(reading: GpuReading | None, last: Mapping[str, tuple[MigSlot, ...]]) -> Mapping[str, tuple[MigSlot, ...]]:
     """GPU UUID -> its MIG slots, as known_migs() keeps the UUIDs (a down GPU's last ones)."""
-    if reading is None:
-        return last
-    out: dict[str, tuple[MigSlot, ...]] = {}
-    for d in reading.devices:
-        uuid = d.identity.uuid
-        if not uuid:
-            continue
-        slots = d.mig_slots if d.up else d.mig_slots or last.get(uuid, ())
-        if slots:
-            out[uuid] = slots
-    return out
+    return _known_per_gpu(reading, last, "mig_slots")
 
 
 def known_migs(reading: GpuReading | None, last: Mapping[str, tuple[str, ...]]) -> Mapping[str, tuple[str, ...]]:
     """GPU UUID -> its MIG UUIDs: an answering GPU's own list (empty with MIG off), a down
     GPU's last known one; GPUs no longer in the reading are forgotten. A new mapping: the
     caller swaps it in whole, so a concurrent reader never sees it half updated."""
+    return _known_per_gpu(reading, last, "mig_uuids")
+
+
+def _known_per_gpu(reading: GpuReading | None, last: Mapping[str, tuple[Any, ...]], field: str) -> Mapping[str, tuple[Any, ...]]:
+    """GPU UUID -> the device's tuple `field`: an answering GPU's own, a down GPU's last known."""
     if reading is None:
         return last
-    out: dict[str, tuple[str, ...]] = {}
+    out: dict[str, tuple[Any, ...]] = {}
     for d in reading.devices:
         uuid = d.identity.uuid
         if not uuid:
             continue
-        migs = d.mig_uuids if d.up else d.mig_uuids or last.get(uuid, ())
-        if migs:
-            out[uuid] = migs
+        values = getattr(d, field) if d.up else getattr(d, field) or last.get(uuid, ())
+        if values:
+            out[uuid] = values
     return out
 
 
